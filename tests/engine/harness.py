@@ -1,0 +1,113 @@
+"""Run prompts through a vLLM engine with and without lookahead and compare token by token."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+SPECBENCH = SHARED / "data" / "specbench" / "questions.jsonl"
+
+# Two fp32 kernels (vLLM's CPU attention vs the tree path's SDPA) may round
+# differently; a differing token is only tolerated where the no-speculation run's
+# top-two logits are this close (|logprob1 - logprob2| == |logit1 - logit2|).
+TIE_TOLERANCE = 1e-4
+
+ENGINE_DEFAULTS = dict(
+    dtype="float32",
+    enforce_eager=True,
+    gpu_memory_utilization=0.3,
+    max_model_len=2048,
+    max_num_seqs=8,
+    seed=0,
+    disable_log_stats=False,
+)
+
+
+def specbench_questions(categories: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:
+    rows = [json.loads(line) for line in SPECBENCH.read_text().splitlines() if line.strip()]
+    if categories:
+        rows = [r for r in rows if r["category"] in categories]
+    return rows[:limit] if limit else rows
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    gaps: list[float] = field(default_factory=list)  # top1 - top2 logprob per token (baseline only)
+
+
+class Engine:
+    """One in-process vLLM engine; close() frees it so the next one fits in memory."""
+
+    def __init__(self, model: str, speculative_config: dict | None = None, **overrides):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm import LLM
+
+        kwargs = {**ENGINE_DEFAULTS, **overrides}
+        if speculative_config is not None:
+            kwargs["speculative_config"] = speculative_config
+        self.llm = LLM(model=model, **kwargs)
+        self.spec = speculative_config
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def generate(self, prompts: list[list[int]], max_tokens: int, batch: int, logprobs: int | None = None) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs, ignore_eos=False)
+        out: list[Completion] = []
+        for i in range(0, len(prompts), batch):
+            chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[i : i + batch]]
+            for res in self.llm.generate(chunk, sp, use_tqdm=False):
+                o = res.outputs[0]
+                gaps = []
+                if logprobs:
+                    for lp in o.logprobs or []:
+                        vals = sorted((v.logprob for v in lp.values()), reverse=True)
+                        gaps.append(vals[0] - vals[1] if len(vals) > 1 else math.inf)
+                out.append(Completion(list(o.token_ids), gaps))
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        result: dict[str, float] = {}
+        for m in self.llm.get_metrics():
+            value = getattr(m, "value", None)
+            if isinstance(value, (int, float)):
+                result[m.name] = result.get(m.name, 0.0) + float(value)
+        return result
+
+    def close(self) -> None:
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        finally:
+            del self.llm
+            gc.collect()
+
+
+def compare(baseline: list[Completion], candidate: list[Completion], label: str) -> tuple[list[str], list[str]]:
+    """(report lines, failures): every differing token is reported with the baseline's top-two gap."""
+    report, failures = [], []
+    for i, (b, c) in enumerate(zip(baseline, candidate, strict=True)):
+        if b.tokens == c.tokens:
+            continue
+        j = next((k for k, (x, y) in enumerate(zip(b.tokens, c.tokens)) if x != y), min(len(b.tokens), len(c.tokens)))
+        gap = b.gaps[j] if j < len(b.gaps) else math.nan
+        line = f"{label} prompt {i}: first difference at token {j}: baseline {b.tokens[j:j+1]} vs lookahead {c.tokens[j:j+1]}, baseline top1-top2 logit gap {gap:.3g}"
+        report.append(line)
+        if not (gap <= TIE_TOLERANCE):
+            failures.append(line)
+    return report, failures
+
+
+def mean_accepted_tokens(metrics: dict[str, float]) -> float:
+    """MAT = generated tokens / target forwards; every forward yields exactly one non-draft token."""
+    gen = metrics.get("vllm:generation_tokens", 0.0)
+    acc = metrics.get("vllm:spec_decode_num_accepted_tokens", 0.0)
+    return gen / (gen - acc) if gen > acc else math.nan

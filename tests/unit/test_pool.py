@@ -1,0 +1,144 @@
+"""NgramPool: per-key LRU of continuations, key-table LRU, incremental learning."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import NgramPool
+
+
+def test_add_and_get_most_recent_first():
+    pool = NgramPool(3, 4)
+    pool.add((1, 2, 3))
+    pool.add((1, 4, 5))
+    pool.add((2, 9, 9))
+    assert pool.get(1, 10) == [(4, 5), (2, 3)]
+    assert pool.get(2, 10) == [(9, 9)]
+    assert pool.get(3, 10) == []
+    assert len(pool) == 3
+    assert pool.num_keys == 2
+
+
+def test_readding_moves_to_most_recent_without_duplicating():
+    pool = NgramPool(3, 4)
+    pool.add((1, 2, 3))
+    pool.add((1, 4, 5))
+    pool.add((1, 2, 3))
+    assert pool.get(1, 10) == [(2, 3), (4, 5)]
+    assert len(pool) == 2
+
+
+def test_guess_set_size_bounds_values_per_key_lru():
+    pool = NgramPool(2, 2)
+    pool.add((1, 10))
+    pool.add((1, 11))
+    pool.add((1, 10))  # refresh 10 -> 11 is now least recent
+    pool.add((1, 12))
+    assert pool.get(1, 10) == [(12,), (10,)]
+    assert len(pool) == 2
+
+
+def test_get_limit():
+    pool = NgramPool(2, 5)
+    for t in range(5):
+        pool.add((0, t))
+    assert pool.get(0, 2) == [(4,), (3,)]
+    assert pool.get(0, 0) == []
+
+
+def test_zero_guess_set_stores_nothing():
+    pool = NgramPool(3, 0)
+    pool.add((1, 2, 3))
+    pool.add_sequence([1, 2, 3, 4, 5])
+    assert len(pool) == 0
+    assert pool.num_keys == 0
+    assert pool.get(1, 10) == []
+
+
+def test_key_table_is_lru_bounded():
+    pool = NgramPool(2, 3, max_keys=2)
+    pool.add((1, 5))
+    pool.add((1, 6))
+    pool.add((2, 5))
+    pool.get(1, 1)  # use key 1 -> key 2 becomes least recent
+    pool.add((3, 5))
+    assert pool.num_keys == 2
+    assert pool.get(2, 10) == []
+    assert pool.get(1, 10) == [(6,), (5,)]
+    assert pool.get(3, 10) == [(5,)]
+    assert len(pool) == 3  # evicting key 2 dropped its single n-gram
+
+
+def test_wrong_length_rejected():
+    pool = NgramPool(3, 2)
+    with pytest.raises(ValueError):
+        pool.add((1, 2))
+
+
+def test_add_sequence_start():
+    pool = NgramPool(3, 10)
+    pool.add_sequence([1, 2, 3, 4, 5], start=4)  # only the n-gram ending at index 4
+    assert pool.get(3, 10) == [(4, 5)]
+    assert len(pool) == 1
+    pool.add_sequence([1, 2, 3, 4, 5], start=0)
+    assert len(pool) == 3
+    pool.add_sequence([1, 2], start=0)  # shorter than N: nothing
+    assert len(pool) == 3
+
+
+def snapshot(pool: NgramPool, vocab: int) -> tuple:
+    return (len(pool), pool.num_keys, [pool.get(k, 1000) for k in range(vocab)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 5), max_size=60),
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+    ngram_size=st.integers(2, 5),
+    guess_set_size=st.integers(0, 4),
+    max_keys=st.integers(1, 8),
+)
+def test_incremental_add_sequence_equals_full_recompute(
+    tokens, cuts, ngram_size, guess_set_size, max_keys
+):
+    full = NgramPool(ngram_size, guess_set_size, max_keys)
+    full.add_sequence(tokens)
+
+    incremental = NgramPool(ngram_size, guess_set_size, max_keys)
+    previous_length = 0
+    for end in sorted({min(c, len(tokens)) for c in cuts} | {len(tokens)}):
+        incremental.add_sequence(tokens[:end], start=previous_length)
+        previous_length = end
+    assert snapshot(incremental, 6) == snapshot(full, 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ngrams=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 3), st.integers(0, 3)), max_size=80),
+    guess_set_size=st.integers(0, 4),
+    max_keys=st.integers(1, 5),
+)
+def test_pool_matches_reference_model(ngrams, guess_set_size, max_keys):
+    """Compare with a naive list-based LRU model."""
+    pool = NgramPool(3, guess_set_size, max_keys)
+    keys: list[int] = []  # least recent first
+    values: dict[int, list[tuple]] = {}
+    for ngram in ngrams:
+        pool.add(ngram)
+        if guess_set_size == 0:
+            continue
+        key, value = ngram[0], tuple(ngram[1:])
+        if key in keys:
+            keys.remove(key)
+        elif len(keys) >= max_keys:
+            del values[keys.pop(0)]
+        keys.append(key)
+        entries = [v for v in values.get(key, []) if v != value] + [value]
+        values[key] = entries[-guess_set_size:]
+    assert len(pool) == sum(len(v) for v in values.values())
+    assert pool.num_keys == len(keys)
+    assert all(len(pool.get(k, 100)) <= guess_set_size for k in range(5))
+    for key in range(5):
+        assert pool.get(key, 100) == list(reversed(values.get(key, [])))

@@ -1,0 +1,335 @@
+"""RequestLookahead end to end against deterministic toy "oracle" language models.
+
+Each step is simulated like the engine would: the draft tree is (possibly
+truncated to a prefix and) run through an oracle whose next token depends on
+the text up to each node (history + ancestor path), greedily verified, and the
+result fed back through ``observe``.  Lookahead decoding must be lossless: the
+output equals plain greedy decoding of the oracle, whatever the parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import (
+    DraftTree,
+    LookaheadParams,
+    RequestLookahead,
+    StepDraft,
+    greedy_verify,
+)
+
+Oracle = Callable[[Sequence[int]], int]
+CONTEXT = 8  # oracles below look at most this many tokens back
+
+
+def table_oracle(vocab: int, seed: int) -> Oracle:
+    """next = random table of the last two tokens."""
+    table = np.random.default_rng(seed).integers(0, vocab, size=(vocab, vocab))
+    return lambda text: int(table[text[-2], text[-1]]) if len(text) >= 2 else 0
+
+
+def periodic_oracle(period: Sequence[int]) -> Oracle:
+    """Continue ``period`` cyclically; the successor depends on the last 2 tokens."""
+    pairs = {}
+    for p in range(len(period)):
+        pair = (period[p], period[(p + 1) % len(period)])
+        pairs[pair] = period[(p + 2) % len(period)]
+    return lambda text: pairs.get(tuple(text[-2:]), period[0])
+
+
+def greedy_reference(oracle: Oracle, prompt: Sequence[int], max_new: int) -> list[int]:
+    text = list(prompt)
+    for _ in range(max_new):
+        text.append(oracle(text))
+    return text[len(prompt) :]
+
+
+def node_argmax(tree: DraftTree, context: list[int], oracle: Oracle) -> np.ndarray:
+    """Oracle argmax at every node with logits, -1 elsewhere (root = context[-1])."""
+    texts: list[list[int]] = [context]
+    argmax = np.full(tree.size, -1, dtype=np.int64)
+    for node in range(tree.size):
+        if node:
+            texts.append(texts[int(tree.parents[node])] + [int(tree.tokens[node])])
+        if tree.logits[node]:
+            argmax[node] = oracle(texts[node])
+    return argmax
+
+
+def simulate(
+    params: LookaheadParams,
+    prompt: Sequence[int],
+    oracle: Oracle,
+    max_new: int,
+    seed: int = 0,
+    choose_run: Callable[[StepDraft], int] | None = None,
+) -> tuple[list[int], RequestLookahead]:
+    lookahead = RequestLookahead(params, prompt, seed)
+    history = list(prompt) + [oracle(prompt)]  # prefill samples the first token
+    while len(history) - len(prompt) < max_new:
+        draft = lookahead.propose(history[-1])
+        draft.tree.validate()
+        assert draft.tree.size - 1 <= params.max_draft_tokens
+        run = choose_run(draft) if choose_run else draft.tree.size
+        tree = draft.tree.prefix(run)
+        argmax = node_argmax(tree, history[-CONTEXT:], oracle)
+        path, bonus = greedy_verify(tree, argmax)
+        accepted = tree.tokens[path].tolist() + [bonus]
+        accepted = accepted[: max_new - (len(history) - len(prompt))]  # max_tokens stop
+        history.extend(accepted)
+        lookahead.observe(draft, run, argmax, accepted, history)
+        assert all((level >= 0).all() for level in lookahead.window.levels)
+    return history[len(prompt) :], lookahead
+
+
+PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 8, 7, 1]
+
+
+@pytest.mark.parametrize("shift", ["one", "accepted"])
+@pytest.mark.parametrize("merge", [False, True])
+def test_periodic_sequence_accepts_many_tokens_per_step(shift, merge):
+    params = LookaheadParams(window_shift=shift, merge_candidates=merge)
+    oracle = periodic_oracle(PERIOD)
+    prompt = PERIOD * 2
+    output, lookahead = simulate(params, prompt, oracle, 120)
+    assert output == greedy_reference(oracle, prompt, 120)
+    # prompt n-grams predict the cycle: nearly every step accepts N - 1 drafts
+    assert lookahead.mean_tokens_per_step > 4.5
+    assert lookahead.num_emitted_tokens == 119  # first token came from prefill
+    assert lookahead.num_accepted_draft_tokens == 119 - lookahead.num_steps
+
+
+def test_window_alone_discovers_ngrams():
+    params = LookaheadParams(pool_from_prompt=False, pool_from_output=False)
+    oracle = periodic_oracle(PERIOD)
+    prompt = [3, 1]  # only the entry of the cycle: nothing to copy from
+    output, lookahead = simulate(params, prompt, oracle, 150, seed=5)
+    assert output == greedy_reference(oracle, prompt, 150)
+    assert len(lookahead.pool) > 0
+    assert lookahead.mean_tokens_per_step > 3.0
+
+
+def test_lookahead_beats_one_token_per_step_on_a_random_model():
+    """A 2-token-context table model falls into a cycle the pool then learns."""
+    oracle = table_oracle(vocab=6, seed=1)
+    prompt = [0, 1, 2]
+    output, lookahead = simulate(LookaheadParams(), prompt, oracle, 200)
+    assert output == greedy_reference(oracle, prompt, 200)
+    assert lookahead.mean_tokens_per_step > 2.0
+
+
+def test_running_only_the_root_degrades_to_plain_decoding():
+    oracle = periodic_oracle(PERIOD)
+    prompt = PERIOD * 2
+    output, lookahead = simulate(LookaheadParams(), prompt, oracle, 40, choose_run=lambda d: 1)
+    assert output == greedy_reference(oracle, prompt, 40)
+    assert lookahead.mean_tokens_per_step == 1.0
+    assert lookahead.num_drafted_tokens == 0
+
+
+def test_truncation_to_the_verification_branch_still_accepts():
+    params = LookaheadParams()
+    oracle = periodic_oracle(PERIOD)
+    prompt = PERIOD * 2
+
+    def verification_only(draft: StepDraft) -> int:
+        return 1 + draft.num_candidates * (params.ngram_size - 1)
+
+    output, lookahead = simulate(params, prompt, oracle, 60, choose_run=verification_only)
+    assert output == greedy_reference(oracle, prompt, 60)
+    assert lookahead.mean_tokens_per_step > 3.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    width=st.integers(1, 5),
+    ngram=st.integers(2, 5),
+    guess=st.integers(0, 4),
+    shift=st.sampled_from(["one", "accepted"]),
+    merge=st.booleans(),
+    from_prompt=st.booleans(),
+    from_output=st.booleans(),
+    vocab=st.integers(2, 5),
+    oracle_seed=st.integers(0, 1000),
+    prompt=st.lists(st.integers(0, 4), min_size=2, max_size=12),
+    data=st.data(),
+)
+def test_lossless_for_any_parameters_and_truncation(
+    width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, data
+):
+    params = LookaheadParams(
+        window_size=width,
+        ngram_size=ngram,
+        guess_set_size=guess,
+        window_shift=shift,
+        merge_candidates=merge,
+        pool_from_prompt=from_prompt,
+        pool_from_output=from_output,
+        max_pool_keys=3,
+    )
+    prompt = [t % vocab for t in prompt]
+    oracle = table_oracle(vocab, oracle_seed)
+
+    def random_prefix(draft: StepDraft) -> int:
+        return data.draw(st.integers(1, draft.tree.size))
+
+    output, lookahead = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix)
+    assert output == greedy_reference(oracle, prompt, 25)
+    assert lookahead.pool.num_keys <= 3
+    assert lookahead.window.filled <= ngram - 1
+
+
+def test_propose_puts_candidates_first_then_the_window():
+    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
+    lookahead = RequestLookahead(params, [9, 9], seed=0)
+    lookahead.pool.add((5, 1, 2))
+    lookahead.pool.add((5, 1, 3))
+    lookahead.pool.add((6, 7, 7))
+    draft = lookahead.propose(5)
+    tree = draft.tree
+    tree.validate()
+    assert draft.num_candidates == 2
+    assert tree.tokens[:5].tolist() == [5, 1, 3, 1, 2]  # most recent candidate first
+    assert tree.parents[:5].tolist() == [-1, 0, 1, 0, 3]
+    assert tree.logits[:5].all()
+    # window (only level 0 filled): chain root -> 9 -> 9 with logits
+    assert tree.tokens[5:].tolist() == [9, 9]
+    assert tree.parents[5:].tolist() == [0, 5]
+    assert draft.window_nodes.tolist() == [0, 5, 6]
+
+    merged = RequestLookahead(
+        LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2, merge_candidates=True,
+                        pool_from_prompt=False),
+        [9, 9],
+        seed=0,
+    )
+    merged.pool.add((5, 1, 2))
+    merged.pool.add((5, 1, 3))
+    tree = merged.propose(5).tree
+    assert tree.tokens[:4].tolist() == [5, 1, 3, 2]
+    assert tree.parents[:4].tolist() == [-1, 0, 1, 1]
+
+
+def test_request_without_candidates_still_gets_the_window():
+    lookahead = RequestLookahead(LookaheadParams(window_size=4, ngram_size=3), [1, 2], seed=0)
+    draft = lookahead.propose(77)
+    assert draft.num_candidates == 0
+    assert draft.tree.size == 4
+    assert draft.window_nodes.tolist() == [0, 1, 2, 3]
+
+
+def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
+    params = LookaheadParams(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False)
+    assert params.max_draft_tokens == (3 * 3 - 1) + 2 * 3
+    assert LookaheadParams().max_draft_tokens == (7 * 4 - 1) + 7 * 4
+    lookahead = RequestLookahead(params, [1, 2, 3], seed=0)
+    while not lookahead.window.full:
+        lookahead.window.update(np.array([1, 2, 3]), 0, [])
+    lookahead.pool.add((0, 1, 2, 3))
+    lookahead.pool.add((0, 4, 5, 6))
+    draft = lookahead.propose(0)
+    assert draft.tree.size - 1 == params.max_draft_tokens
+
+
+def test_observe_learns_output_ngrams_incrementally():
+    params = LookaheadParams(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
+    lookahead = RequestLookahead(params, [1, 2], seed=0)
+    draft = lookahead.propose(2)
+    argmax = np.array([8])
+    lookahead.observe(draft, 1, argmax, [8], [1, 2, 8])
+    assert lookahead.pool.get(1, 5) == [(2, 8)]
+    draft = lookahead.propose(8)
+    lookahead.observe(draft, draft.tree.size, np.array([9] * draft.tree.size), [9], [1, 2, 8, 9])
+    assert (8, 9) in lookahead.pool.get(2, 5)
+
+    silent = RequestLookahead(
+        LookaheadParams(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False,
+                        pool_from_output=False),
+        [1, 2],
+        seed=0,
+    )
+    silent.observe(silent.propose(2), 1, np.array([8]), [8], [1, 2, 8])
+    assert silent.pool.get(1, 5) == []
+
+
+def test_observe_shifts_the_window_by_the_accepted_draft_count():
+    params = LookaheadParams(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
+    lookahead = RequestLookahead(params, [1, 2], seed=0)
+    lookahead.window.levels = [np.array([0, 1, 2, 3]), np.array([10, 11, 12, 13])]
+    draft = lookahead.propose(50)
+    argmax = np.arange(draft.tree.size, dtype=np.int64) + 100
+    outputs = argmax[draft.window_nodes]
+    history = [1, 2, 50, 61, 62, 63]
+    lookahead.observe(draft, draft.tree.size, argmax, [61, 62, 63], history)
+    levels = [level.tolist() for level in lookahead.window.levels]
+    assert levels[0][:2] == [12, 13]  # shifted left by 2 accepted drafts
+    assert levels[1][:2] == outputs[2:].tolist()
+    assert set(levels[0][2:] + levels[1][2:]) <= set(history[-5:])
+
+
+class TailOnlyHistory(Sequence[int]):
+    """A history that records which positions ``observe`` reads."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.lowest_read = len(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start = range(len(self.tokens))[index].start if len(self.tokens) else 0
+            self.lowest_read = min(self.lowest_read, start)
+            return self.tokens[index]
+        index = index % len(self.tokens)
+        self.lowest_read = min(self.lowest_read, index)
+        return self.tokens[index]
+
+
+def test_observe_only_reads_the_tail_of_the_history():
+    params = LookaheadParams(window_size=2, ngram_size=4, guess_set_size=2)
+    lookahead = RequestLookahead(params, list(range(50)), seed=0)
+    draft = lookahead.propose(7)
+    history = TailOnlyHistory(list(range(1000)) + [7, 8, 9])
+    argmax = np.zeros(draft.tree.size, dtype=np.int64)
+    lookahead.observe(draft, draft.tree.size, argmax, [8, 9], history)
+    assert history.lowest_read >= len(history) - (2 + params.ngram_size - 1)
+    assert lookahead.pool.get(1000 - 1, 2) == [(7, 8, 9)]
+
+
+def test_reset_keeps_the_pool_and_rewinds_the_window():
+    oracle = periodic_oracle(PERIOD)
+    _, lookahead = simulate(LookaheadParams(ngram_size=4), PERIOD, oracle, 30)
+    pool_size = len(lookahead.pool)
+    assert lookahead.window.full
+    lookahead.reset([4, 4])
+    assert lookahead.window.filled == 1
+    assert set(lookahead.window.levels[0][1:].tolist()) == {4}
+    assert len(lookahead.pool) == pool_size
+
+
+def test_observe_validates_its_inputs():
+    lookahead = RequestLookahead(LookaheadParams(window_size=2, ngram_size=3), [1, 2], seed=0)
+    draft = lookahead.propose(2)
+    with pytest.raises(ValueError):
+        lookahead.observe(draft, 0, np.zeros(0), [1], [1, 2, 1])
+    with pytest.raises(ValueError):
+        lookahead.observe(draft, 1, np.zeros(2), [1], [1, 2, 1])
+    with pytest.raises(ValueError):
+        lookahead.observe(draft, 1, np.zeros(1), [], [1, 2])
+
+
+def test_params_are_validated():
+    with pytest.raises(ValueError):
+        LookaheadParams(ngram_size=1)
+    with pytest.raises(ValueError):
+        LookaheadParams(window_shift="sideways")
+    with pytest.raises(ValueError):
+        LookaheadParams(window_size=0)

@@ -1,0 +1,165 @@
+"""DraftTree / TreeBuilder: topological layout, prefixes, ancestor mask, trie merge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import DraftTree, TreeBuilder
+
+
+@st.composite
+def random_trees(draw, max_nodes: int = 40) -> DraftTree:
+    size = draw(st.integers(1, max_nodes))
+    builder = TreeBuilder(draw(st.integers(0, 9)))
+    for node in range(1, size):
+        parent = draw(st.integers(0, node - 1))
+        builder.add(parent, draw(st.integers(0, 9)), draw(st.booleans()))
+    return builder.build()
+
+
+def brute_force_ancestors(tree: DraftTree, node: int) -> set[int]:
+    found = {node}
+    while tree.parents[node] >= 0:
+        node = int(tree.parents[node])
+        found.add(node)
+    return found
+
+
+def test_builder_assigns_ids_depths_and_parents():
+    builder = TreeBuilder(42)
+    a = builder.add(0, 1, True)
+    b = builder.add(a, 2, False)
+    c = builder.add(0, 3, True)
+    tree = builder.build()
+    tree.validate()
+    assert (a, b, c) == (1, 2, 3)
+    assert tree.tokens.tolist() == [42, 1, 2, 3]
+    assert tree.parents.tolist() == [-1, 0, 1, 0]
+    assert tree.depths.tolist() == [0, 1, 2, 1]
+    assert tree.logits.tolist() == [True, True, False, True]
+    assert tree.draft_tokens == [1, 2, 3]
+    assert all(type(t) is int for t in tree.draft_tokens)
+    assert tree.logit_rows().tolist() == [0, 1, 3]
+    assert tree.logit_rows().dtype == np.int64
+    assert tree.tokens.dtype == np.int64 and tree.parents.dtype == np.int32
+
+
+def test_builder_rejects_unknown_parent():
+    builder = TreeBuilder(0)
+    with pytest.raises(ValueError):
+        builder.add(1, 5, True)
+
+
+def test_chain():
+    tree = DraftTree.chain([7, 8, 9])
+    tree.validate()
+    assert tree.tokens.tolist() == [7, 8, 9]
+    assert tree.parents.tolist() == [-1, 0, 1]
+    assert tree.depths.tolist() == [0, 1, 2]
+    assert tree.logits.all()
+    assert tree.size == 3
+    assert DraftTree.chain([5]).size == 1
+
+
+def test_ancestor_mask_hand_example():
+    builder = TreeBuilder(0)
+    a = builder.add(0, 1, True)
+    builder.add(a, 2, True)
+    builder.add(0, 3, True)
+    mask = builder.build().ancestor_mask()
+    expected = np.array(
+        [
+            [1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [1, 1, 1, 0],
+            [1, 0, 0, 1],
+        ],
+        dtype=bool,
+    )
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_merge_reuses_children_and_ors_logits():
+    builder = TreeBuilder(0)
+    first = builder.add_chain(0, [1, 2, 3], needs_logits=False)
+    second = builder.add_chain(0, [1, 2, 4], needs_logits=True, merge=True)
+    assert second[:2] == first[:2]
+    assert second[2] not in first
+    tree = builder.build()
+    tree.validate()
+    assert tree.size == 5
+    assert tree.logits.tolist() == [True, True, True, False, True]
+
+
+def test_no_merge_duplicates_chain():
+    builder = TreeBuilder(0)
+    builder.add_chain(0, [1, 2], needs_logits=True)
+    ids = builder.add_chain(0, [1, 2], needs_logits=True, merge=False)
+    assert ids == [3, 4]
+    assert builder.build().size == 5
+
+
+def test_validate_rejects_bad_trees():
+    good = DraftTree.chain([1, 2, 3])
+    bad_parent = DraftTree(good.tokens, np.array([-1, 0, 2], np.int32), good.depths, good.logits)
+    bad_depth = DraftTree(good.tokens, good.parents, np.array([0, 1, 1], np.int32), good.logits)
+    bad_root = DraftTree(good.tokens, good.parents, good.depths, np.array([False, True, True]))
+    bad_shape = DraftTree(good.tokens[:2], good.parents, good.depths, good.logits)
+    for tree in (bad_parent, bad_depth, bad_root, bad_shape):
+        with pytest.raises(ValueError):
+            tree.validate()
+
+
+def test_prefix_bounds():
+    tree = DraftTree.chain([1, 2, 3])
+    with pytest.raises(ValueError):
+        tree.prefix(0)
+    with pytest.raises(ValueError):
+        tree.prefix(4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_trees())
+def test_random_trees_are_valid_and_mask_is_ancestors(tree: DraftTree):
+    tree.validate()
+    mask = tree.ancestor_mask()
+    for node in range(tree.size):
+        assert set(np.flatnonzero(mask[node]).tolist()) == brute_force_ancestors(tree, node)
+        # depth == number of strict ancestors
+        assert tree.depths[node] == mask[node].sum() - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(random_trees(), st.data())
+def test_every_prefix_is_a_valid_tree(tree: DraftTree, data):
+    n = data.draw(st.integers(1, tree.size))
+    prefix = tree.prefix(n)
+    prefix.validate()
+    assert prefix.size == n
+    assert prefix.draft_tokens == tree.draft_tokens[: n - 1]
+    np.testing.assert_array_equal(prefix.ancestor_mask(), tree.ancestor_mask()[:n, :n])
+    assert prefix.logit_rows().tolist() == [r for r in tree.logit_rows().tolist() if r < n]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), max_size=8))
+def test_merged_chains_form_a_trie(chains):
+    builder = TreeBuilder(0)
+    ends = [builder.add_chain(0, chain, needs_logits=True, merge=True)[-1] for chain in chains]
+    tree = builder.build()
+    tree.validate()
+    # Every chain is recoverable from its end node, and no node has two
+    # children with the same token.
+    for chain, end in zip(chains, ends):
+        path = sorted(brute_force_ancestors(tree, end) - {0})
+        assert tree.tokens[path].tolist() == chain
+    seen = set()
+    for node in range(1, tree.size):
+        key = (int(tree.parents[node]), int(tree.tokens[node]))
+        assert key not in seen
+        seen.add(key)
+    distinct_prefixes = {tuple(c[:k]) for c in chains for k in range(1, len(c) + 1)}
+    assert tree.size - 1 == len(distinct_prefixes)

@@ -1,0 +1,50 @@
+import numpy as np
+import torch
+
+from vllm_lookahead.core import DraftTree, LookaheadParams, RequestLookahead
+from vllm_lookahead.engine.tree_batch import build_tree_batch, draft_rows_mask, tree_for_scheduled
+
+
+def _draft(seed=0):
+    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2)
+    state = RequestLookahead(params, [5, 6, 7, 5, 6, 8, 5, 6, 9], seed=seed)
+    return state.propose(5)
+
+
+def test_scheduled_prefix_keeps_tree_and_mismatch_runs_as_chain():
+    draft = _draft()
+    tokens = draft.tree.draft_tokens
+    tree, kept = tree_for_scheduled(draft, tokens[:3])
+    assert kept is draft and tree.size == 4
+    assert np.array_equal(tree.parents, draft.tree.parents[:4])
+    tree, kept = tree_for_scheduled(draft, [1, 2, 3])
+    assert kept is None and list(tree.depths) == [0, 1, 2, 3]
+
+
+def test_mask_sees_context_and_ancestors_only():
+    tree = DraftTree.chain([1, 2, 3])
+    m = draft_rows_mask(tree, 4)
+    assert m.shape == (2, 7)
+    assert m[:, :4].all()
+    assert m[0, 4:].tolist() == [True, True, False]
+    assert m[1, 4:].tolist() == [True, True, True]
+
+
+def test_batch_layout_mixed_with_plain_rows():
+    draft = _draft()
+    spec = draft.tree.draft_tokens
+    n = 1 + len(spec)
+    # request a: prefill chunk of 10 rows; b: tree; c: plain decode
+    qsl = np.array([0, 10, 10 + n, 11 + n])
+    batch = build_tree_batch(
+        ["a", "b", "c"], {"b": spec}, {"b": draft}, qsl, np.diff(qsl), np.array([0, 20, 30]), torch.device("cpu")
+    )
+    (tr,) = batch.requests
+    assert tr.token_start == 10 and tr.context_len == 20 and tr.num_nodes == n
+    logit_nodes = draft.tree.logit_rows()
+    expected = [9, *(10 + logit_nodes).tolist(), 10 + n]
+    assert batch.logits_indices.tolist() == expected
+    assert batch.sample_rows.tolist() == [0, 1, 1 + len(logit_nodes)]
+    rows, pos = batch.positions_update()
+    assert rows.tolist() == list(range(11, 10 + n))
+    assert pos.tolist() == (20 + draft.tree.depths[1:]).tolist()

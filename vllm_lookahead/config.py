@@ -1,0 +1,127 @@
+"""User-facing lookahead parameters: one pydantic model, defaults, ranges, errors.
+
+A user writes
+
+    --speculative-config '{"method": "lookahead", "window_size": 7, "ngram_size": 5, "guess_set_size": 7}'
+
+Everything but ``method`` is validated here.  A bad value or an unknown key raises
+:class:`LookaheadConfigError` whose message names the field, the value given and
+the valid range, so ``vllm serve`` fails at start-up with one readable line.
+
+Symbols follow the paper (Fu et al., 2024, arXiv:2402.02057): W = window size
+(lookahead columns), N = n-gram size (the window has N-1 levels), G = guess set
+size (pool n-grams verified per step and kept per key token).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+METHOD_NAME = "lookahead"
+
+# field -> human readable range, used in error messages and the README table.
+FIELD_RANGES: dict[str, str] = {
+    "window_size": "an integer in [1, 64]",
+    "ngram_size": "an integer in [2, 16]",
+    "guess_set_size": "an integer in [0, 64]",
+    "pool_from_prompt": "true or false",
+    "pool_from_output": "true or false",
+    "window_shift": "one of 'one', 'accepted'",
+    "merge_candidates": "true or false",
+    "max_pool_keys": "an integer in [1, 10000000]",
+    "seed": "an integer in [0, 2**31-1]",
+}
+
+
+class LookaheadConfigError(ValueError):
+    """A lookahead speculative config that cannot be used (bad value or unknown key)."""
+
+
+class LookaheadConfig(BaseModel):
+    """Lookahead decoding parameters (the keys of ``--speculative-config`` besides ``method``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    window_size: int = Field(7, ge=1, le=64, description="W: lookahead window columns")
+    ngram_size: int = Field(5, ge=2, le=16, description="N: n-gram length; the window has N-1 levels")
+    guess_set_size: int = Field(
+        7, ge=0, le=64, description="G: pool n-grams verified per step and kept per key token"
+    )
+    pool_from_prompt: bool = Field(True, description="seed the n-gram pool with the prompt")
+    pool_from_output: bool = Field(True, description="the pool also learns accepted output n-grams")
+    window_shift: Literal["one", "accepted"] = Field(
+        "one",
+        description="'one': the window slides one level per step (LADE/llama.cpp); "
+        "'accepted': it also shifts by the number of accepted tokens",
+    )
+    merge_candidates: bool = Field(
+        False, description="trie-merge verification candidates that share a prefix"
+    )
+    max_pool_keys: int = Field(65536, ge=1, le=10_000_000, description="key tokens kept per pool (LRU)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the window initialisation RNG")
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Upper bound of draft tokens per step (tree nodes minus the root).
+
+        Lookahead branch: W*(N-1) nodes including the root; verification branch:
+        G candidates of N-1 tokens each.
+        """
+        n1 = self.ngram_size - 1
+        return self.window_size * n1 - 1 + self.guess_set_size * n1
+
+    @classmethod
+    def from_user_dict(cls, spec: dict[str, Any]) -> "LookaheadConfig":
+        """Validate a user's speculative-config dict (``method`` included)."""
+        if not isinstance(spec, dict):
+            raise LookaheadConfigError(
+                f"lookahead speculative config must be a JSON object, got {type(spec).__name__}"
+            )
+        fields = {k.replace("-", "_"): v for k, v in spec.items() if k != "method"}
+        if "num_speculative_tokens" in fields:
+            raise LookaheadConfigError(
+                "lookahead speculative config: field 'num_speculative_tokens' is not accepted; "
+                "the draft size follows from window_size, ngram_size and guess_set_size "
+                "((W*(N-1) - 1) + G*(N-1) tokens per step)"
+            )
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise LookaheadConfigError(_format_errors(exc, fields)) from None
+
+    def to_core_params(self):
+        """The engine-free parameter object used by :mod:`vllm_lookahead.core`."""
+        from vllm_lookahead.core import LookaheadParams
+
+        return LookaheadParams(
+            window_size=self.window_size,
+            ngram_size=self.ngram_size,
+            guess_set_size=self.guess_set_size,
+            pool_from_prompt=self.pool_from_prompt,
+            pool_from_output=self.pool_from_output,
+            window_shift=self.window_shift,
+            merge_candidates=self.merge_candidates,
+            max_pool_keys=self.max_pool_keys,
+        )
+
+    def summary(self) -> str:
+        return (
+            f"W={self.window_size} N={self.ngram_size} G={self.guess_set_size} "
+            f"(<= {self.max_draft_tokens} draft tokens/step, shift={self.window_shift}, "
+            f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output})"
+        )
+
+
+def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
+    lines = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        if err["type"] == "extra_forbidden":
+            valid = ", ".join(["method", *LookaheadConfig.model_fields])
+            lines.append(f"unknown field '{field}' (value {given.get(field)!r}); valid fields: {valid}")
+        else:
+            rng = FIELD_RANGES.get(field, "see the README")
+            lines.append(f"field '{field}' = {given.get(field)!r} is invalid: must be {rng}")
+    return "invalid lookahead speculative config: " + "; ".join(lines)

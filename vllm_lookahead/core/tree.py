@@ -1,0 +1,178 @@
+"""Token trees: the draft of one lookahead decode step.
+
+Lookahead Decoding (Fu et al., 2024, "Break the Sequential Dependency of LLM
+Inference Using Lookahead Decoding", arXiv:2402.02057, Sec. 3.3) runs the
+*lookahead branch* (the 2D Jacobi window) and the *verification branch* (n-gram
+candidates from the pool) in a single forward pass of the target model.  Both
+branches hang off the last accepted token, so together they form a token tree:
+every node attends to itself and its ancestors only (the special attention mask
+of Fig. 4 in the paper) and is placed at RoPE position ``root + depth``.
+
+A :class:`DraftTree` stores that tree as flat arrays in topological order
+(parent index < child index).  Any prefix of the node list is therefore again a
+valid tree, which matters because vLLM's scheduler may truncate a request's
+draft token list to a prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """One decode step's draft for one request, as a token tree.
+
+    Node 0 is the root = the last accepted token (already known, not a draft).
+    Nodes are in topological order (parent index < child index), so any prefix
+    of nodes is again a valid tree (vLLM's scheduler may truncate the draft list
+    to a prefix).
+    """
+
+    tokens: np.ndarray  # int64 (n,)
+    parents: np.ndarray  # int32 (n,), parents[0] == -1, 0 <= parents[i] < i
+    depths: np.ndarray  # int32 (n,), depths[i] == depths[parents[i]] + 1
+    logits: np.ndarray  # bool (n,), nodes that need logits; logits[0] is True
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        """The draft tokens (every node but the root) as Python ints."""
+        return [int(t) for t in self.tokens[1:]]
+
+    def prefix(self, n: int) -> "DraftTree":
+        """The tree made of the first ``n`` nodes (1 <= n <= size)."""
+        if not 1 <= n <= self.size:
+            raise ValueError(f"prefix length {n} outside [1, {self.size}]")
+        if n == self.size:
+            return self
+        return DraftTree(
+            tokens=self.tokens[:n],
+            parents=self.parents[:n],
+            depths=self.depths[:n],
+            logits=self.logits[:n],
+        )
+
+    def ancestor_mask(self) -> np.ndarray:
+        """bool (n, n): ``m[i, j]`` iff ``j == i`` or ``j`` is an ancestor of ``i``."""
+        n = self.size
+        mask = np.zeros((n, n), dtype=bool)
+        mask[0, 0] = True
+        for i in range(1, n):
+            mask[i] = mask[self.parents[i]]
+            mask[i, i] = True
+        return mask
+
+    def logit_rows(self) -> np.ndarray:
+        """int64 indices of the nodes whose logits are computed, ascending."""
+        return np.flatnonzero(self.logits).astype(np.int64)
+
+    @staticmethod
+    def chain(tokens: Sequence[int]) -> "DraftTree":
+        """A linear chain; ``tokens[0]`` is the root; every node has logits."""
+        n = len(tokens)
+        if n < 1:
+            raise ValueError("a chain needs at least the root token")
+        return DraftTree(
+            tokens=_readonly(np.asarray(tokens, dtype=np.int64).copy()),
+            parents=_readonly(np.arange(-1, n - 1, dtype=np.int32)),
+            depths=_readonly(np.arange(n, dtype=np.int32)),
+            logits=_readonly(np.ones(n, dtype=bool)),
+        )
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the arrays do not describe a valid tree."""
+        n = self.size
+        if n < 1:
+            raise ValueError("a tree has at least the root node")
+        for name, array in (
+            ("tokens", self.tokens),
+            ("parents", self.parents),
+            ("depths", self.depths),
+            ("logits", self.logits),
+        ):
+            if array.ndim != 1 or array.shape[0] != n:
+                raise ValueError(f"{name} has shape {array.shape}, expected ({n},)")
+        if self.logits.dtype != np.bool_:
+            raise ValueError("logits must be a bool array")
+        if self.parents[0] != -1 or self.depths[0] != 0 or not self.logits[0]:
+            raise ValueError("node 0 must be the root (parent -1, depth 0, logits)")
+        if n > 1:
+            parents = self.parents[1:].astype(np.int64)
+            if np.any(parents < 0) or np.any(parents >= np.arange(1, n)):
+                raise ValueError("parents must satisfy 0 <= parents[i] < i")
+            if np.any(self.depths[1:] != self.depths[parents] + 1):
+                raise ValueError("depths[i] must equal depths[parents[i]] + 1")
+
+
+class TreeBuilder:
+    """Incrementally builds a :class:`DraftTree` (parents are added before children)."""
+
+    def __init__(self, root_token: int) -> None:
+        self.root_token = int(root_token)
+        self._tokens: list[int] = [self.root_token]
+        self._parents: list[int] = [-1]
+        self._depths: list[int] = [0]
+        self._logits: list[bool] = [True]
+        # (parent, token) -> first child with that token, for trie merging.
+        self._child_by_token: dict[tuple[int, int], int] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self._tokens)
+
+    def add(self, parent: int, token: int, needs_logits: bool) -> int:
+        """Append a node under ``parent`` and return its id."""
+        if not 0 <= parent < len(self._tokens):
+            raise ValueError(f"parent {parent} does not exist")
+        node = len(self._tokens)
+        token = int(token)
+        self._tokens.append(token)
+        self._parents.append(parent)
+        self._depths.append(self._depths[parent] + 1)
+        self._logits.append(bool(needs_logits))
+        self._child_by_token.setdefault((parent, token), node)
+        return node
+
+    def add_chain(
+        self,
+        parent: int,
+        tokens: Sequence[int],
+        needs_logits: bool,
+        merge: bool = False,
+    ) -> list[int]:
+        """Append ``tokens`` as a chain below ``parent``; return the node ids.
+
+        With ``merge=True`` an existing child of the current node carrying the
+        same token is reused (trie merge) and ``needs_logits`` is OR-ed into it.
+        """
+        node_ids: list[int] = []
+        current = parent
+        for token in tokens:
+            existing = self._child_by_token.get((current, int(token))) if merge else None
+            if existing is not None:
+                self._logits[existing] = self._logits[existing] or bool(needs_logits)
+                current = existing
+            else:
+                current = self.add(current, token, needs_logits)
+            node_ids.append(current)
+        return node_ids
+
+    def build(self) -> DraftTree:
+        return DraftTree(
+            tokens=_readonly(np.asarray(self._tokens, dtype=np.int64)),
+            parents=_readonly(np.asarray(self._parents, dtype=np.int32)),
+            depths=_readonly(np.asarray(self._depths, dtype=np.int32)),
+            logits=_readonly(np.asarray(self._logits, dtype=bool)),
+        )

@@ -1,0 +1,134 @@
+"""The 2D Jacobi window: the lookahead branch of Lookahead Decoding.
+
+Fu et al. (2024, arXiv:2402.02057, Sec. 3.1) keep a window of ``W`` columns and
+``N - 1`` levels of guessed future tokens.  Each step every column is pushed one
+Jacobi iteration further: the target model's argmax at the last level becomes a
+new level and the oldest level is dropped.  Reading a column top to bottom plus
+the new argmax gives an n-gram of length ``N`` that the model itself produced,
+which is stored in the n-gram pool for later verification.
+
+Coordinates follow llama.cpp's ``examples/lookahead``: ``levels[j][i]`` is
+level ``j`` (0 = oldest), column ``i``.  In the token tree, level 0 is a chain
+hanging off the root (column 0 of level 0 *is* the root, the last accepted
+token) and every deeper level extends the column above it, so node ``(j, i)``
+sits at depth ``i + j`` and sees ``root, levels[0][1..i], levels[1][i], ...,
+levels[j][i]`` -- the last ``N - 1`` of these are exactly the column.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .tree import TreeBuilder
+
+SHIFT_MODES = ("one", "accepted")
+
+
+def _sample(rng: np.random.Generator, tokens: Sequence[int], count: int) -> np.ndarray:
+    """``count`` tokens drawn uniformly with replacement (zeros if ``tokens`` is empty)."""
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+    if len(tokens) == 0:
+        return np.zeros(count, dtype=np.int64)
+    picks = rng.integers(0, len(tokens), size=count)
+    return np.asarray([int(tokens[p]) for p in picks], dtype=np.int64)
+
+
+class JacobiWindow:
+    """``W`` columns by ``N - 1`` levels of Jacobi guesses for one request."""
+
+    def __init__(
+        self,
+        window_size: int,
+        ngram_size: int,
+        init_tokens: Sequence[int],
+        rng: np.random.Generator,
+        shift: str = "one",
+    ) -> None:
+        if window_size < 1:
+            raise ValueError("window_size must be >= 1")
+        if ngram_size < 2:
+            raise ValueError("ngram_size must be >= 2")
+        if shift not in SHIFT_MODES:
+            raise ValueError(f"shift must be one of {SHIFT_MODES}, got {shift!r}")
+        self.window_size = window_size
+        self.ngram_size = ngram_size
+        self.shift = shift
+        self.rng = rng
+        self.levels: list[np.ndarray] = []
+        self.root_token = 0  # root token of the last add_to_tree call
+        self.reset(init_tokens)
+
+    @property
+    def num_levels(self) -> int:
+        """Levels of a full window: ``N - 1``."""
+        return self.ngram_size - 1
+
+    @property
+    def filled(self) -> int:
+        return len(self.levels)
+
+    @property
+    def full(self) -> bool:
+        return self.filled == self.num_levels
+
+    def reset(self, init_tokens: Sequence[int]) -> None:
+        """Re-initialise: only level 0, columns 1.. sampled from ``init_tokens``."""
+        level0 = np.zeros(self.window_size, dtype=np.int64)
+        level0[1:] = _sample(self.rng, init_tokens, self.window_size - 1)
+        self.levels = [level0]
+
+    def add_to_tree(self, builder: TreeBuilder, root: int = 0) -> np.ndarray:
+        """Add the window below ``root``; return the W output node ids (last level)."""
+        width = self.window_size
+        self.root_token = int(builder.root_token)
+        last = self.filled - 1
+        previous_level = np.empty(width, dtype=np.int64)
+        previous_level[0] = root
+        level0 = self.levels[0]
+        for i in range(1, width):
+            previous_level[i] = builder.add(int(previous_level[i - 1]), int(level0[i]), last == 0)
+        for j in range(1, self.filled):
+            level = self.levels[j]
+            current_level = np.empty(width, dtype=np.int64)
+            for i in range(width):
+                current_level[i] = builder.add(int(previous_level[i]), int(level[i]), j == last)
+            previous_level = current_level
+        return previous_level
+
+    def update(
+        self,
+        outputs: np.ndarray,
+        num_accepted: int,
+        fill_tokens: Sequence[int],
+    ) -> list[tuple[int, ...]]:
+        """Collect n-grams from a full window, then advance it by one Jacobi step.
+
+        ``outputs``: int64 (W,) argmax at the output nodes, -1 where unknown.
+        ``num_accepted``: accepted draft tokens this step (bonus not counted).
+        """
+        outputs = np.asarray(outputs, dtype=np.int64)
+        if outputs.shape != (self.window_size,):
+            raise ValueError(f"outputs has shape {outputs.shape}, expected ({self.window_size},)")
+        known = outputs >= 0
+        new_level = np.where(known, outputs, self.levels[-1])
+        if not self.full:
+            self.levels.append(new_level)
+            return []
+        ngrams = self._collect_ngrams(outputs, known)
+        shifted = self.levels[1:] + [new_level]
+        shift_by = min(max(int(num_accepted), 0), self.window_size) if self.shift == "accepted" else 0
+        if shift_by > 0:
+            shifted = [
+                np.concatenate([level[shift_by:], _sample(self.rng, fill_tokens, shift_by)])
+                for level in shifted
+            ]
+        self.levels = shifted
+        return ngrams
+
+    def _collect_ngrams(self, outputs: np.ndarray, known: np.ndarray) -> list[tuple[int, ...]]:
+        columns = np.stack(self.levels + [outputs])  # (N, W)
+        columns[0, 0] = self.root_token
+        return [tuple(int(t) for t in columns[:, i]) for i in np.flatnonzero(known)]
