@@ -1,0 +1,91 @@
+"""The OpenAI-compatible server with lookahead, and start-up failures on bad configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+CLI = [sys.executable, "-m", "vllm_lookahead.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "spec,field",
+    [('{"method": "lookahead", "window_size": 0}', "window_size"), ('{"method": "lookahead", "ngram": 3}', "ngram")],
+)
+def test_bad_config_exits_nonzero_naming_the_field(spec, field, toy_model):
+    proc = subprocess.run(
+        [*CLI, "serve", toy_model, "--speculative-config", spec, "--port", str(_free_port())],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert field in proc.stderr and "lookahead" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("error: invalid lookahead")[-1]
+
+
+def test_bad_config_in_python_api_raises(toy_model):
+    from vllm import LLM
+
+    from vllm_lookahead.config import LookaheadConfigError
+
+    with pytest.raises(LookaheadConfigError, match="guess_set_size"):
+        LLM(model=toy_model, speculative_config={"method": "lookahead", "guess_set_size": 100})
+
+
+def test_serve_default_model_answers_chat_completion(real_model):
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port), "--enforce-eager", "--max-model-len", "2048"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    base = f"http://127.0.0.1:{port}"
+    log: list[str] = []
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail("server exited:\n" + (proc.stdout.read() if proc.stdout else ""))
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=2) as r:
+                    models = json.load(r)
+                break
+            except OSError:
+                time.sleep(2)
+        else:
+            pytest.fail("server did not come up in 600 s")
+        name = models["data"][0]["id"]
+        body = json.dumps({
+            "model": name, "temperature": 0, "max_tokens": 48,
+            "messages": [{"role": "user", "content": "List the first five prime numbers."}],
+        }).encode()
+        req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answer = json.load(r)
+        text = answer["choices"][0]["message"]["content"]
+        print(text)
+        assert "2" in text and "3" in text
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        drafts = [l for l in metrics.splitlines() if l.startswith("vllm:spec_decode_num_drafts")]
+        assert drafts and float(drafts[0].split()[-1]) > 0, drafts
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
