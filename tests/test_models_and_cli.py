@@ -28,6 +28,7 @@ DEFAULTS_CPU = [
     "--gpu-memory-utilization", "0.3",
     "--host", "127.0.0.1",
     "--served-model-name", "SmolLM2-135M-Instruct",
+    "--enforce-eager",
 ]  # fmt: skip
 
 
@@ -82,6 +83,13 @@ def test_serve_user_values_win(user, option, expected):
     for name in ("--dtype", "--host", "--served-model-name", "--gpu-memory-utilization"):
         if name != canonical:
             assert name in argv
+
+
+@pytest.mark.parametrize("user", [["--no-enforce-eager"], ["-O3"], ["--compilation-config", "{}"], ["--enforce-eager"]])
+def test_serve_eager_default_yields_to_compilation_choices(user):
+    argv = build_serve_argv(user, "/m", on_cpu=True)
+    assert argv.count("--enforce-eager") == user.count("--enforce-eager")
+    assert "--enforce-eager" not in build_serve_argv([], "/m", on_cpu=False)
 
 
 def test_serve_abbreviated_option_counts_as_given():

@@ -225,6 +225,13 @@ def build_serve_argv(user_args: Sequence[str], model_path: str | os.PathLike | N
             continue
         if not _given(names, option, aliases):
             extra += [option, value]
+    # On CPU start eager: torch.compile of the model takes minutes on a small machine and the
+    # engine tests and benchmarks measure the eager engine.  Any compilation choice wins.
+    compile_opts = ("--enforce-eager", "--no-enforce-eager", "--compilation-config", "-cc")
+    if on_cpu and not any(_given(names, o, ()) for o in compile_opts) and not any(
+        a.startswith("-O") for a in user_args
+    ):
+        extra.append("--enforce-eager")
     return ["serve", str(model_path), *user_args, *extra]
 
 

@@ -36,15 +36,26 @@ class Baselines:
     def __init__(self) -> None:
         self._cache: dict[tuple, list] = {}
 
-    def get(self, model: str, settings: dict, prompts: list[list[int]], max_tokens: int, batch: int, **params):
-        key = (model, repr(sorted(settings.items())), repr(prompts), max_tokens, batch, repr(sorted(params.items())))
-        if key not in self._cache:
-            engine = Engine(model, None, **settings)
-            try:
+    @staticmethod
+    def _key(model, settings, prompts, max_tokens, batch, params):
+        return (model, repr(sorted(settings.items())), repr(prompts), max_tokens, batch, repr(sorted(params.items())))
+
+    def prefetch(self, model: str, settings: dict, jobs: list[tuple]) -> None:
+        """Compute every missing ``(prompts, max_tokens, batch, params)`` job in one engine."""
+        missing = [j for j in jobs if self._key(model, settings, *j) not in self._cache]
+        if not missing:
+            return
+        engine = Engine(model, None, **settings)
+        try:
+            for prompts, max_tokens, batch, params in missing:
+                key = self._key(model, settings, prompts, max_tokens, batch, params)
                 self._cache[key] = engine.generate(prompts, max_tokens, batch=batch, logprobs=2, **params)
-            finally:
-                engine.close()
-        return self._cache[key]
+        finally:
+            engine.close()
+
+    def get(self, model: str, settings: dict, prompts: list[list[int]], max_tokens: int, batch: int, **params):
+        self.prefetch(model, settings, [(prompts, max_tokens, batch, params)])
+        return self._cache[self._key(model, settings, prompts, max_tokens, batch, params)]
 
 
 @pytest.fixture(scope="session")

@@ -58,16 +58,24 @@ class Engine:
         return self.llm.get_tokenizer()
 
     def generate(
-        self, prompts: list[list[int]], max_tokens: int, batch: int, logprobs: int | None = None, **params
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        batch: int,
+        logprobs: int | None = None,
+        per_prompt: tuple[dict, ...] | None = None,
+        **params,
     ) -> list[Completion]:
+        """Greedy completions; ``per_prompt[i]`` (cycled) adds sampling params to prompt i."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        sp = SamplingParams(**{"temperature": 0.0, "max_tokens": max_tokens, "logprobs": logprobs, **params})
+        base = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": logprobs, **params}
+        sps = [SamplingParams(**{**base, **(per_prompt[i % len(per_prompt)] if per_prompt else {})}) for i in range(len(prompts))]
         out: list[Completion] = []
         for i in range(0, len(prompts), batch):
             chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[i : i + batch]]
-            for res in self.llm.generate(chunk, sp, use_tqdm=False):
+            for res in self.llm.generate(chunk, sps[i : i + batch], use_tqdm=False):
                 o = res.outputs[0]
                 gaps = []
                 if logprobs:

@@ -36,6 +36,7 @@ def real_prompts(model: str) -> list[list[int]]:
 
 def test_real_model_greedy_identical(real_model, baselines):
     prompts = real_prompts(real_model)
+    baselines.prefetch(real_model, SETTINGS, [(prompts, TOKENS_B1, 1, {}), (prompts, TOKENS_B8, 8, {})])
     base1 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B1, batch=1)
     base8 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B8, batch=8)
     engine = Engine(real_model, {"method": "lookahead"}, **SETTINGS)

@@ -21,6 +21,39 @@ def toy_prompts(model: str, count: int = 24) -> list[list[int]]:
     return prompts
 
 
+def stop_cases(prompts_base) -> dict[str, dict]:
+    stop_token = prompts_base[2].tokens[20]  # a token the output really produces, mid-stream
+    return {
+        "max_tokens=5": dict(max_tokens=5),
+        "max_tokens=17": dict(max_tokens=17),
+        "stop_token": dict(max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]),
+        "stop_string": dict(max_tokens=MAX_TOKENS, stop=[_decode(prompts_base[3].tokens[18:20])]),
+        "logit_bias": dict(max_tokens=24, logit_bias={stop_token: 5.0}),
+        "min_p": dict(max_tokens=24, min_p=0.5),
+        # structured-output requests (undrafted) in the same batch as drafted greedy ones
+        "structured_mixed": dict(max_tokens=MAX_TOKENS, per_prompt=({}, {"structured_outputs": _choice()})),
+    }
+
+
+def _decode(tokens: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    from vllm_lookahead.models import cache_root
+
+    return AutoTokenizer.from_pretrained(str(cache_root() / "toy-llama")).decode(tokens)
+
+
+def _choice():
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(choice=["alpha beta gamma", "one two three four five"])
+
+
+def default_jobs(prompts) -> list[tuple]:
+    """Every no-speculation run the toy tests compare against (computed in one engine)."""
+    return [(prompts, MAX_TOKENS, 8, {}), (prompts[:6], MAX_TOKENS, 1, {})]
+
+
 CONFIGS = [
     pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7}, id="W7-N5-G7-default"),
     pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3}, id="W5-N2-G3-jacobi"),
@@ -33,6 +66,7 @@ CONFIGS = [
 @pytest.mark.parametrize("params", CONFIGS)
 def test_toy_greedy_identical(toy_model, baselines, params):
     prompts = toy_prompts(toy_model)
+    baselines.prefetch(toy_model, {}, default_jobs(prompts))
     base8 = baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8)
     base1 = baselines.get(toy_model, {}, prompts[:6], MAX_TOKENS, batch=1)
     engine = Engine(toy_model, {"method": "lookahead", **params})
@@ -71,15 +105,16 @@ STRESS = dict(
 
 def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines):
     prompts = toy_prompts(toy_model, 16)
-    prompts = prompts + prompts[:8]
-    base = baselines.get(toy_model, STRESS, prompts, 96, batch=24)
+    long_prompt = (sum(prompts, []) * 4)[:470]  # 470 + 96 > max_model_len 512: stops at the limit
+    prompts = prompts + prompts[:8] + [long_prompt]
+    base = baselines.get(toy_model, STRESS, prompts, 96, batch=25)
     # then the two longest prompts again, one after the other: the second hits the prefix cache
     again = sorted(prompts, key=len)[-1:] * 2
     base_again = baselines.get(toy_model, STRESS, again, 96, batch=1)
     engine = Engine(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4}, **STRESS)
     try:
         before = engine.metrics()
-        got = engine.generate(prompts, 96, batch=24)
+        got = engine.generate(prompts, 96, batch=25)
         got_again = engine.generate(again, 96, batch=1)
         metrics = counter_delta(before, engine.metrics())
     finally:
@@ -90,26 +125,19 @@ def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines
     assert not failures, "\n".join(failures)
     assert metrics.get("vllm:num_preemptions", 0) > 0, "the stress setting no longer preempts; shrink the cache"
     assert metrics.get("vllm:prefix_cache_hits", 0) > 0
+    assert len(got[len(prompts) - 1].tokens) == 512 - 470  # generation ran into max_model_len
     assert metrics.get("vllm:spec_decode_num_accepted_tokens", 0) > 0
 
 
 def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
     """max_tokens / stop tokens inside accepted n-grams, and requests that must not be drafted."""
-    prompts = toy_prompts(toy_model, 8)
-    base = baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8)
-    stop_token = base[2].tokens[20]  # a token the output really produces, mid-stream
-    cases = {
-        "max_tokens=5": dict(max_tokens=5),
-        "max_tokens=17": dict(max_tokens=17),
-        "stop_token": dict(max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]),
-        "logit_bias": dict(max_tokens=24, logit_bias={stop_token: 5.0}),
-        "min_p": dict(max_tokens=24, min_p=0.5),
-    }
-    wanted = {}
-    for name, params in cases.items():
-        params = dict(params)
-        max_tokens = params.pop("max_tokens")
-        wanted[name] = baselines.get(toy_model, {}, prompts, max_tokens, batch=8, **params)
+    prompts = toy_prompts(toy_model)
+    baselines.prefetch(toy_model, {}, default_jobs(prompts))
+    cases = stop_cases(baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8))
+    jobs = [(prompts, c["max_tokens"], 8, {k: v for k, v in c.items() if k != "max_tokens"}) for c in cases.values()]
+    baselines.prefetch(toy_model, {}, jobs)
+    wanted = {name: baselines.get(toy_model, {}, j[0], j[1], j[2], **j[3]) for name, j in zip(cases, jobs)}
+    stop_token = cases["stop_token"]["stop_token_ids"][0]
     engine = Engine(toy_model, {"method": "lookahead", "window_size": 5, "ngram_size": 4, "guess_set_size": 5})
     try:
         failures = []
@@ -125,6 +153,8 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
             if name == "logit_bias":
                 assert drafted == 0, f"{name} requests must run without drafts"
             # (min_p: vLLM resets it to 0 for greedy requests, so those are drafted)
+            if name == "structured_mixed":
+                assert drafted > 0, "the greedy half of the batch should carry trees"
             if name == "stop_token":
                 assert all(stop_token not in c.tokens[:-1] for c in got)
     finally:

@@ -48,3 +48,16 @@ def test_batch_layout_mixed_with_plain_rows():
     rows, pos = batch.positions_update()
     assert rows.tolist() == list(range(11, 10 + n))
     assert pos.tolist() == (20 + draft.tree.depths[1:]).tolist()
+
+
+def test_logits_rows_as_drafts_matches_logits_layout():
+    draft = _draft()
+    spec = draft.tree.draft_tokens
+    n = 1 + len(spec)
+    qsl = np.array([0, 1, 1 + n])
+    batch = build_tree_batch(["a", "b"], {"b": spec}, {"b": draft}, qsl, np.diff(qsl), np.array([5, 20]), torch.device("cpu"))
+    view = batch.logits_rows_as_drafts({"b": spec})
+    # vLLM's row walk (1 + len(drafts) rows per request) must land on our layout
+    rows = sum(1 + len(view.get(r, ())) for r in ("a", "b"))
+    assert rows == len(batch.logits_indices)
+    assert view.get("a") is None and len(view["b"]) == len(draft.tree.logit_rows()) - 1

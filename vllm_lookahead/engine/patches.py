@@ -18,6 +18,9 @@ lookahead behaves exactly as stock vLLM.  Why each one is needed:
     vLLM's plain sampler, as an engine without speculation would.
 ``SamplingParams._validate_spec_decode`` (in :mod:`.config_hook`)
     vLLM refuses min_p/logit_bias with speculation; lookahead serves them undrafted.
+``gpu_model_runner.apply_grammar_bitmask``
+    locates each structured-output request's logits rows assuming ``1 + drafts`` rows per
+    request; tree requests own fewer rows, so it is shown the tree layout.
 ``gpu_model_runner.build_logitsprocs``
     with any speculative config vLLM builds only the min_tokens logits processor;
     lookahead samples undrafted rows with the plain sampler, which needs them all.
@@ -33,6 +36,7 @@ lookahead behaves exactly as stock vLLM.  Why each one is needed:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -51,16 +55,17 @@ _ATTENTION_IMPLS = {
 }
 
 
-def replace_method(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    """Replace ``cls.name`` by ``make(original)`` once; the original stays reachable."""
-    original = cls.__dict__[name]
+def replace_method(owner: object, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace ``owner.name`` (a class's own method or a module's function, as the module
+    itself looks it up) by ``make(original)`` once; the original stays as ``__wrapped__``."""
+    original = owner.__dict__[name]
     if getattr(original, "__lookahead_patch__", False):
         return
     new = make(original)
     functools.update_wrapper(new, original)
     new.__wrapped__ = original  # type: ignore[attr-defined]
     new.__lookahead_patch__ = True  # type: ignore[attr-defined]
-    setattr(cls, name, new)
+    setattr(owner, name, new)
 
 
 def _update_states(original):
@@ -163,16 +168,24 @@ def _build_logitsprocs(original):
     return patched
 
 
+def _apply_grammar_bitmask(original):
+    def patched(scheduler_output, grammar_output, input_batch, logits):
+        batch = la_runner.current_tree_batch()
+        if batch is not None:
+            spec = batch.logits_rows_as_drafts(scheduler_output.scheduled_spec_decode_tokens)
+            scheduler_output = dataclasses.replace(scheduler_output, scheduled_spec_decode_tokens=spec)
+        return original(scheduler_output, grammar_output, input_batch, logits)
+
+    return patched
+
+
 def install() -> None:
     """Install all runner patches (idempotent; safe in every vLLM process)."""
     from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if not getattr(gpu_model_runner.build_logitsprocs, "__lookahead_patch__", False):
-        patched = _build_logitsprocs(gpu_model_runner.build_logitsprocs)
-        patched.__wrapped__ = gpu_model_runner.build_logitsprocs  # type: ignore[attr-defined]
-        patched.__lookahead_patch__ = True  # type: ignore[attr-defined]
-        gpu_model_runner.build_logitsprocs = patched
+    replace_method(gpu_model_runner, "build_logitsprocs", _build_logitsprocs)
+    replace_method(gpu_model_runner, "apply_grammar_bitmask", _apply_grammar_bitmask)
 
     for name, make in (
         ("_update_states", _update_states),

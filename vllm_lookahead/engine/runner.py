@@ -76,6 +76,14 @@ class RunnerLookahead:
         self.layer_caches = caches
 
 
+_INSTANCE: RunnerLookahead | None = None  # one model runner per worker process
+
+
+def current_tree_batch() -> TreeBatch | None:
+    """The trees of the step being executed in this process (for module-level vLLM hooks)."""
+    return _INSTANCE.batch if _INSTANCE is not None else None
+
+
 def get_lookahead(runner: Any) -> RunnerLookahead | None:
     """The runner's lookahead state, created on first use; None when lookahead is off."""
     state = runner.__dict__.get("_lookahead", False)
@@ -83,6 +91,9 @@ def get_lookahead(runner: Any) -> RunnerLookahead | None:
         drafter = getattr(runner, "drafter", None)
         state = RunnerLookahead(runner, drafter) if isinstance(drafter, LookaheadProposer) else None
         runner._lookahead = state
+        if state is not None:
+            global _INSTANCE
+            _INSTANCE = state
     return state
 
 

@@ -34,7 +34,6 @@ class TreeRequest:
     token_start: int      # row of the root in the flattened token batch
     context_len: int      # tokens whose KV precede the root (= vLLM num_computed_tokens)
     logit_nodes: np.ndarray  # node ids whose logits are computed, ascending
-    logits_start: int     # row of logit_nodes[0] in the logits tensor
     mask: torch.Tensor | None = None  # bool (n-1, context_len+n): draft rows' visibility
 
     @property
@@ -49,6 +48,17 @@ class TreeBatch:
     sample_rows: torch.Tensor      # (num_reqs,) logits row used to sample each request's next token
     tree_logit_rows: torch.Tensor  # logits rows of all tree nodes with logits, request by request
     slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
+
+    def logits_rows_as_drafts(self, scheduled_spec: dict[str, list[int]]) -> dict[str, list[int]]:
+        """``scheduled_spec_decode_tokens`` as vLLM code that walks logits rows must see it.
+
+        vLLM assumes each request owns ``1 + len(drafts)`` logits rows; a tree request owns
+        ``len(logit_nodes)``.  Token values are irrelevant to such code, only lengths.
+        """
+        view = dict(scheduled_spec)
+        for tr in self.requests:
+            view[tr.req_id] = [0] * (len(tr.logit_nodes) - 1)
+        return view
 
     def positions_update(self) -> tuple[np.ndarray, np.ndarray]:
         """(token rows, RoPE positions) of every draft row."""
@@ -116,7 +126,6 @@ def build_tree_batch(
             token_start=start,
             context_len=int(num_computed[i]),
             logit_nodes=nodes,
-            logits_start=cursor,
         )
         requests.append(tr)
         logits_rows.append(start + nodes)
