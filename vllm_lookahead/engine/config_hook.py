@@ -24,7 +24,7 @@ from typing import Any
 from vllm_lookahead.config import METHOD_NAME, LookaheadConfig
 from vllm_lookahead.engine.proposer import ADDITIONAL_CONFIG_KEY
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 PROPOSER_PATH = "vllm_lookahead.engine.proposer.LookaheadProposer"
 

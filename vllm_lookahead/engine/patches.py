@@ -39,14 +39,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import logging
 from typing import Callable
 
 from vllm_lookahead.engine import attention, runner as la_runner
 from vllm_lookahead.engine.config_hook import PROPOSER_PATH
 from vllm_lookahead.engine.verify_step import verify_step
 
-logger = logging.getLogger("vllm_lookahead")
 
 _ATTENTION_IMPLS = {
     "CPU_ATTN": ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl"),

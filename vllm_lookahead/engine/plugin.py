@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 _installed = False
 

@@ -27,7 +27,7 @@ from vllm_lookahead.core import RequestLookahead, StepDraft
 from vllm_lookahead.engine.eligibility import draft_blocker
 from vllm_lookahead.engine.stats import LookaheadStats
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 ADDITIONAL_CONFIG_KEY = "lookahead"
 

@@ -28,7 +28,7 @@ from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 
 class RunnerLookahead:

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 
 @dataclass

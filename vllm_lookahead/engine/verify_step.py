@@ -31,7 +31,7 @@ from vllm_lookahead.engine.kv import move_slots
 from vllm_lookahead.engine.proposer import LookaheadProposer, StepOutcome
 from vllm_lookahead.engine.tree_batch import TreeBatch
 
-logger = logging.getLogger("vllm_lookahead")
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 PLACEHOLDER = -1
 
 
