@@ -17,6 +17,7 @@ reset on preemption.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,7 @@ class LookaheadProposer:
         """Observe this step's outcome per request and return next step's draft tokens."""
         runner = self.runner
         assert runner is not None, "LookaheadProposer used before the runner patch bound it"
+        t0 = time.perf_counter()
         drafts: list[list[int]] = []
         for i, req_id in enumerate(runner.input_batch.req_ids):
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
@@ -94,6 +96,7 @@ class LookaheadProposer:
             else:
                 state.learn(new_tokens, history)
             drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], num_tokens))
+        self.stats.propose_seconds += time.perf_counter() - t0
         return drafts
 
     # -- helpers ---------------------------------------------------------------------
@@ -117,7 +120,7 @@ class LookaheadProposer:
         draft = state.propose(root)
         self.pending[req_id] = draft
         tokens = draft.tree.draft_tokens
-        self.stats.on_propose(draft, min(len(tokens), room))
+        self.stats.on_propose(draft)
         return tokens[:room]
 
     def _seed_for(self, req_id: str) -> int:

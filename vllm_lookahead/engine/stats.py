@@ -27,7 +27,7 @@ class LookaheadStats:
     log_interval_s: float = 30.0
     _last_log: float = field(default_factory=time.monotonic)
 
-    def on_propose(self, draft, num_sent: int) -> None:
+    def on_propose(self, draft) -> None:
         self.candidate_ngrams += int(draft.num_candidates)
 
     def on_verified(self, num_drafts: int, num_accepted: int) -> None:
@@ -47,10 +47,11 @@ class LookaheadStats:
         self._last_log = now
         logger.info(
             "lookahead: %d tree steps, %.2f tokens/step, %.1f draft tokens/step, "
-            "%.1f candidates/step, verify %.2f ms/step",
+            "%.1f candidates/step, verify %.2f ms/step, propose %.2f ms/step",
             self.steps,
             self.mean_accepted_per_step,
             self.draft_tokens / self.steps,
             self.candidate_ngrams / self.steps,
             1e3 * self.verify_seconds / self.steps,
+            1e3 * self.propose_seconds / self.steps,
         )
