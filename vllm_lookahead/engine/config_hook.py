@@ -33,6 +33,11 @@ def is_lookahead_request(spec: Any) -> bool:
     return isinstance(spec, dict) and str(spec.get("method", "")).lower() == METHOD_NAME
 
 
+def is_lookahead_config(speculative_config: Any) -> bool:
+    """Whether a vLLM ``SpeculativeConfig`` is the one :func:`translate` produced."""
+    return speculative_config is not None and getattr(speculative_config, "model", None) == PROPOSER_PATH
+
+
 def translate(spec: dict[str, Any], additional_config: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], LookaheadConfig]:
     """(vLLM speculative dict, new additional_config, validated lookahead config)."""
     cfg = LookaheadConfig.from_user_dict(spec)
@@ -67,7 +72,7 @@ def _validate_spec_decode(original):
     :mod:`.eligibility`) and samples them with vLLM's plain sampler, so they are allowed."""
 
     def patched(self, speculative_config):
-        if speculative_config is not None and speculative_config.model == PROPOSER_PATH:
+        if is_lookahead_config(speculative_config):
             return None
         return original(self, speculative_config)
 

@@ -42,7 +42,7 @@ import importlib
 from typing import Callable
 
 from vllm_lookahead.engine import attention, runner as la_runner
-from vllm_lookahead.engine.config_hook import PROPOSER_PATH
+from vllm_lookahead.engine.config_hook import is_lookahead_config
 from vllm_lookahead.engine.verify_step import verify_step
 
 
@@ -112,7 +112,7 @@ def _sample(original):
             return original(self, logits, spec_decode_metadata)
         batch, la.batch = la.batch, None
         self.input_batch.update_async_output_token_ids()
-        return verify_step(self, logits, batch, la.proposer, la.backend)
+        return verify_step(self, logits, batch, la.proposer, la.backend, la.layer_caches)
 
     return patched
 
@@ -159,7 +159,7 @@ class _WithoutSpeculation:
 def _build_logitsprocs(original):
     def patched(vllm_config, *args, **kwargs):
         spec = getattr(vllm_config, "speculative_config", None)
-        if spec is not None and spec.model == PROPOSER_PATH:
+        if is_lookahead_config(spec):
             vllm_config = _WithoutSpeculation(vllm_config)
         return original(vllm_config, *args, **kwargs)
 

@@ -38,7 +38,7 @@ class RunnerLookahead:
         self.proposer = proposer
         self.batch: TreeBatch | None = None
         self.backend: str | None = None
-        self.layer_caches: list[torch.Tensor] | None = None
+        self.layer_caches: list[torch.Tensor] = []  # per-layer caches as attention reads them
         proposer.bind(runner)
         if runner.model_config.uses_mrope:
             raise NotImplementedError("lookahead: M-RoPE models are not supported")

@@ -35,7 +35,9 @@ logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handle
 PLACEHOLDER = -1
 
 
-def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch, proposer: LookaheadProposer, backend: str):
+def verify_step(
+    runner: Any, logits: torch.Tensor, batch: TreeBatch, proposer: LookaheadProposer, backend: str, layer_caches: list[torch.Tensor]
+):
     from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
     t0 = time.perf_counter()
@@ -74,7 +76,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch, proposer: L
         slot_mapping = batch.slot_mapping
         rows_src = torch.tensor(src_slots, device=slot_mapping.device)
         rows_dst = torch.tensor(dst_slots, device=slot_mapping.device)
-        move_slots(runner.kv_caches, backend, slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
+        move_slots(layer_caches, backend, slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
 
     max_len = max(len(o) for o in outputs)
     token_ids = torch.full((num_reqs, max_len), PLACEHOLDER, dtype=torch.int32)
