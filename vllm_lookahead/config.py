@@ -15,7 +15,7 @@ size (pool n-grams verified per step and kept per key token).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,7 +32,12 @@ FIELD_RANGES: dict[str, str] = {
     "merge_candidates": "true or false",
     "max_pool_keys": "an integer in [1, 10000000]",
     "seed": "an integer in [0, 2**31-1]",
+    "lookup_context": "an integer in [1, 8]",
+    "max_tokens_per_step": "'auto' or an integer in [0, 65536] (0 = no cap)",
 }
+
+# What max_tokens_per_step="auto" means per platform (see docs/results.md for the CPU figure).
+AUTO_TOKENS_PER_STEP = {"cpu": 12, "default": 0}
 
 
 class LookaheadConfigError(ValueError):
@@ -61,6 +66,23 @@ class LookaheadConfig(BaseModel):
     )
     max_pool_keys: int = Field(65536, ge=1, le=10_000_000, description="key tokens kept per pool (LRU)")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the window initialisation RNG")
+    lookup_context: int = Field(
+        1, ge=1, le=8,
+        description="candidates are looked up by the last 1..lookup_context tokens, longest match "
+        "first (1 = the paper: by the last token only)",
+    )
+    max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
+        "auto",
+        description="cap on the tokens one forward carries for decoding requests (one each plus "
+        "their drafts); drafts are cut to fit, equally per request. 0 = no cap; 'auto' = the "
+        "measured value for the platform (CPU: 12; GPU: no cap)",
+    )
+
+    def tokens_per_step_cap(self, platform: str) -> int:
+        """The cap in effect on ``platform`` ("cpu", "cuda", ...); 0 = none."""
+        if self.max_tokens_per_step == "auto":
+            return AUTO_TOKENS_PER_STEP.get(platform, AUTO_TOKENS_PER_STEP["default"])
+        return int(self.max_tokens_per_step)
 
     @property
     def max_draft_tokens(self) -> int:
@@ -104,13 +126,15 @@ class LookaheadConfig(BaseModel):
             window_shift=self.window_shift,
             merge_candidates=self.merge_candidates,
             max_pool_keys=self.max_pool_keys,
+            lookup_context=self.lookup_context,
         )
 
     def summary(self) -> str:
         return (
             f"W={self.window_size} N={self.ngram_size} G={self.guess_set_size} "
             f"(<= {self.max_draft_tokens} draft tokens/step, shift={self.window_shift}, "
-            f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output})"
+            f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output}, "
+            f"lookup_context={self.lookup_context}, max_tokens_per_step={self.max_tokens_per_step})"
         )
 
 
@@ -123,5 +147,7 @@ def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
             lines.append(f"unknown field '{field}' (value {given.get(field)!r}); valid fields: {valid}")
         else:
             rng = FIELD_RANGES.get(field, "see the README")
-            lines.append(f"field '{field}' = {given.get(field)!r} is invalid: must be {rng}")
+            line = f"field '{field}' = {given.get(field)!r} is invalid: must be {rng}"
+            if line not in lines:  # a union reports one error per member
+                lines.append(line)
     return "invalid lookahead speculative config: " + "; ".join(lines)

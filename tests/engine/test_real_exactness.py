@@ -39,7 +39,8 @@ def test_real_model_greedy_identical(real_model, baselines):
     baselines.prefetch(real_model, SETTINGS, [(prompts, TOKENS_B1, 1, {}), (prompts, TOKENS_B8, 8, {})])
     base1 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B1, batch=1)
     base8 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B8, batch=8)
-    engine = Engine(real_model, {"method": "lookahead"}, **SETTINGS)
+    # The paper's full trees (no per-step cap): every draft row goes through the tree-attention path.
+    engine = Engine(real_model, {"method": "lookahead", "max_tokens_per_step": 0}, **SETTINGS)
     try:
         before = engine.metrics()
         got1 = engine.generate(prompts, TOKENS_B1, batch=1)

@@ -54,12 +54,17 @@ def default_jobs(prompts) -> list[tuple]:
     return [(prompts, MAX_TOKENS, 8, {}), (prompts[:6], MAX_TOKENS, 1, {})]
 
 
+# Full trees (no per-step cap) exercise every tree shape; the last config keeps the
+# CPU cap so that batch 8 runs candidate chains only (budget 4 per request) and
+# batch 1 runs full trees with context-ranked candidates.
+FULL = {"max_tokens_per_step": 0}
 CONFIGS = [
-    pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7}, id="W7-N5-G7-default"),
-    pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3}, id="W5-N2-G3-jacobi"),
-    pytest.param({"window_size": 4, "ngram_size": 4, "guess_set_size": 0}, id="W4-N4-G0-no-pool"),
-    pytest.param({"window_size": 1, "ngram_size": 3, "guess_set_size": 4}, id="W1-N3-G4"),
-    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": True}, id="W3-N4-G5-shift-merge"),
+    pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7, **FULL}, id="W7-N5-G7-default"),
+    pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3, **FULL}, id="W5-N2-G3-jacobi"),
+    pytest.param({"window_size": 4, "ngram_size": 4, "guess_set_size": 0, **FULL}, id="W4-N4-G0-no-pool"),
+    pytest.param({"window_size": 1, "ngram_size": 3, "guess_set_size": 4, **FULL}, id="W1-N3-G4"),
+    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": True, **FULL}, id="W3-N4-G5-shift-merge"),
+    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 3, "lookup_context": 3, "max_tokens_per_step": 40}, id="W3-N4-G3-ctx3-capped"),
 ]
 
 
@@ -111,7 +116,7 @@ def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines
     # then the two longest prompts again, one after the other: the second hits the prefix cache
     again = sorted(prompts, key=len)[-1:] * 2
     base_again = baselines.get(toy_model, STRESS, again, 96, batch=1)
-    engine = Engine(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4}, **STRESS)
+    engine = Engine(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4, **FULL}, **STRESS)
     try:
         before = engine.metrics()
         got = engine.generate(prompts, 96, batch=25)
@@ -138,7 +143,7 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
     baselines.prefetch(toy_model, {}, jobs)
     wanted = {name: baselines.get(toy_model, {}, j[0], j[1], j[2], **j[3]) for name, j in zip(cases, jobs)}
     stop_token = cases["stop_token"]["stop_token_ids"][0]
-    engine = Engine(toy_model, {"method": "lookahead", "window_size": 5, "ngram_size": 4, "guess_set_size": 5})
+    engine = Engine(toy_model, {"method": "lookahead", "window_size": 5, "ngram_size": 4, "guess_set_size": 5, **FULL})
     try:
         failures = []
         for name, params in cases.items():

@@ -35,3 +35,21 @@ def test_translate_to_vllm_custom_class():
     assert spec == {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 2}
     assert extra["x"] == 1 and extra["lookahead"]["window_size"] == 3
     assert LookaheadConfig.model_validate(extra["lookahead"]) == cfg
+
+
+def test_step_cap_auto_per_platform_and_explicit():
+    from vllm_lookahead.config import AUTO_TOKENS_PER_STEP, FIELD_RANGES
+
+    auto = LookaheadConfig.from_user_dict({"method": "lookahead"})
+    assert auto.max_tokens_per_step == "auto"
+    assert auto.tokens_per_step_cap("cpu") == AUTO_TOKENS_PER_STEP["cpu"] > 0
+    assert auto.tokens_per_step_cap("cuda") == 0  # no cap where it has not been measured
+    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 0}).tokens_per_step_cap("cpu") == 0
+    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 40}).tokens_per_step_cap("cuda") == 40
+    assert set(FIELD_RANGES) == set(LookaheadConfig.model_fields)
+    for bad in (-1, 70000, "x", 1.5, True):
+        with pytest.raises(LookaheadConfigError, match="max_tokens_per_step"):
+            LookaheadConfig.from_user_dict({"max_tokens_per_step": bad})
+    with pytest.raises(LookaheadConfigError, match=r"lookup_context' = 0 .*\[1, 8\]"):
+        LookaheadConfig.from_user_dict({"lookup_context": 0})
+    assert LookaheadConfig.from_user_dict({"lookup_context": 3}).to_core_params().lookup_context == 3

@@ -89,7 +89,10 @@ def test_add_sequence_start():
 
 
 def snapshot(pool: NgramPool, vocab: int) -> tuple:
-    return (len(pool), pool.num_keys, [pool.get(k, 1000) for k in range(vocab)])
+    import itertools
+
+    keys = list(itertools.product(range(vocab), repeat=pool.context))
+    return (len(pool), pool.num_keys, [pool.get(k if pool.context > 1 else k[0], 1000) for k in keys])
 
 
 @settings(max_examples=200, deadline=None)
@@ -99,14 +102,15 @@ def snapshot(pool: NgramPool, vocab: int) -> tuple:
     ngram_size=st.integers(2, 5),
     guess_set_size=st.integers(0, 4),
     max_keys=st.integers(1, 8),
+    context=st.integers(1, 3),
 )
 def test_incremental_add_sequence_equals_full_recompute(
-    tokens, cuts, ngram_size, guess_set_size, max_keys
+    tokens, cuts, ngram_size, guess_set_size, max_keys, context
 ):
-    full = NgramPool(ngram_size, guess_set_size, max_keys)
+    full = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
     full.add_sequence(tokens)
 
-    incremental = NgramPool(ngram_size, guess_set_size, max_keys)
+    incremental = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
     previous_length = 0
     for end in sorted({min(c, len(tokens)) for c in cuts} | {len(tokens)}):
         incremental.add_sequence(tokens[:end], start=previous_length)
@@ -142,3 +146,16 @@ def test_pool_matches_reference_model(ngrams, guess_set_size, max_keys):
     assert all(len(pool.get(k, 100)) <= guess_set_size for k in range(5))
     for key in range(5):
         assert pool.get(key, 100) == list(reversed(values.get(key, [])))
+
+
+def test_context_keys():
+    pool = NgramPool(3, 2, context=2)
+    pool.add_sequence([1, 2, 3, 4, 9, 2, 3, 5])
+    assert pool.span == 4
+    assert pool.get([1, 2], 5) == [(3, 4)]
+    assert pool.get([7, 1, 2], 5) == [(3, 4)]  # only the last two tokens are the key
+    assert pool.get([9, 2], 5) == [(3, 5)]
+    assert pool.get([2], 5) == []  # shorter than the context: no match
+    assert pool.get(2, 5) == []
+    with pytest.raises(ValueError):
+        pool.add([1, 2, 3])

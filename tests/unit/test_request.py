@@ -69,13 +69,19 @@ def simulate(
     max_new: int,
     seed: int = 0,
     choose_run: Callable[[StepDraft], int] | None = None,
+    budget: Callable[[int], int | None] | None = None,
 ) -> tuple[list[int], RequestLookahead]:
     lookahead = RequestLookahead(params, prompt, seed)
     history = list(prompt) + [oracle(prompt)]  # prefill samples the first token
+    step = 0
     while len(history) - len(prompt) < max_new:
-        draft = lookahead.propose(history[-1])
+        limit = budget(step) if budget else None
+        step += 1
+        draft = lookahead.propose(history[-1], history[-params.lookup_context :], budget=limit)
         draft.tree.validate()
         assert draft.tree.size - 1 <= params.max_draft_tokens
+        if limit is not None:
+            assert draft.tree.size - 1 <= limit
         run = choose_run(draft) if choose_run else draft.tree.size
         tree = draft.tree.prefix(run)
         argmax = node_argmax(tree, history[-CONTEXT:], oracle)
@@ -333,3 +339,69 @@ def test_params_are_validated():
         LookaheadParams(window_shift="sideways")
     with pytest.raises(ValueError):
         LookaheadParams(window_size=0)
+
+
+# -- lookup context and per-step budget ------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    w=st.integers(1, 5),
+    n=st.integers(2, 5),
+    g=st.integers(0, 4),
+    context=st.integers(1, 4),
+    budgets=st.lists(st.one_of(st.none(), st.integers(0, 30)), min_size=1, max_size=7),
+    seed=st.integers(0, 50),
+)
+def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed):
+    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, lookup_context=context)
+    oracle = table_oracle(vocab=7, seed=seed)
+    prompt = [seed % 7, 1, 2, 3]
+    output, _ = simulate(params, prompt, oracle, 60, seed=seed, budget=lambda step: budgets[step % len(budgets)])
+    assert output == greedy_reference(oracle, prompt, 60)
+
+
+def test_window_left_out_when_it_does_not_fit_and_waits():
+    params = LookaheadParams(window_size=4, ngram_size=4, guess_set_size=2)
+    lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6], seed=0)
+    before = [level.copy() for level in lookahead.window.levels]
+    draft = lookahead.propose(6, [6], budget=lookahead.window_tokens - 1)
+    assert draft.window_nodes.size == 0
+    lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, 7, dtype=np.int64), [7], [1, 2, 3, 4, 5, 6, 7])
+    assert [level.tolist() for level in lookahead.window.levels] == [level.tolist() for level in before]
+    roomy = lookahead.propose(7, [7], budget=lookahead.window_tokens)
+    assert roomy.window_nodes.size == params.window_size
+
+
+def test_candidates_fill_the_budget_in_order_before_the_window():
+    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    lookahead = RequestLookahead(params, [], seed=0)
+    for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
+        lookahead.pool.add(ngram)
+    draft = lookahead.propose(5, [5], budget=5)  # two candidates of 2 tokens; the window needs 2
+    assert draft.num_candidates == 2 and draft.window_nodes.size == 0
+    assert draft.tree.tokens[1:].tolist() == [6, 7, 3, 4]  # most recent first
+    full = lookahead.propose(5, [5], budget=None)
+    assert full.num_candidates == 3 and full.window_nodes.size == 3
+
+
+def test_longer_context_candidates_come_first():
+    # After "9 5" the text continued "1 1"; after "8 5" it continued "2 2" (more recently).
+    prompt = [9, 5, 1, 1, 0, 8, 5, 2, 2]
+    one = RequestLookahead(LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
+    two = RequestLookahead(LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
+    assert one.candidates([9, 5]) == [(2, 2), (1, 1)]  # by the last token only: most recent first
+    assert two.candidates([9, 5]) == [(1, 1), (2, 2)]  # "9 5" matched first
+    assert two.candidates([8, 5]) == [(2, 2), (1, 1)]
+    assert two.candidates([7, 5]) == [(2, 2), (1, 1)]  # no 2-token match: falls back
+
+
+def test_context_pools_learn_output_incrementally():
+    params = LookaheadParams(ngram_size=3, guess_set_size=4, lookup_context=3, pool_from_prompt=False)
+    lookahead = RequestLookahead(params, [], seed=0)
+    text = [4, 5, 6, 7, 4, 5, 6, 8]
+    for end in range(1, len(text) + 1):
+        lookahead.learn([text[end - 1]], text[:end])
+    assert lookahead.candidates([4, 5, 6]) == [(7, 4)]
+    assert lookahead.candidates([5, 6, 7, 4]) == [(5, 6)]
+    assert lookahead.candidates([6, 7, 4, 5]) == [(6, 8), (6, 7)]

@@ -6,6 +6,12 @@ accepted output) keyed by their first token.  At each step the n-grams whose
 key equals the last accepted token are verified in parallel; up to ``G``
 (the guess set size) candidates are kept per key.
 
+A pool may also be keyed by the last ``context`` tokens instead of one (an
+extension beyond the paper, in the spirit of prompt lookup decoding): the
+request keeps such pools for the prompt and output text, and asks the longest
+context first, so the candidates that match more of what was just said come
+first when the tree budget only has room for a few.
+
 Both levels are LRU: per key the most recently (re-)added continuation wins,
 and the key table itself is bounded by ``max_keys`` so memory stays constant on
 long generations.  Every operation is O(1) (amortised) -- ``add_sequence``
@@ -17,31 +23,45 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Sequence
 
+import numpy as np
+
 
 class NgramPool:
-    """LRU map ``first token -> up to G continuations of N - 1 tokens``."""
+    """LRU map ``key -> up to G continuations of N - 1 tokens``.
 
-    def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int = 65536) -> None:
+    The key is the first token (``context=1``, the paper's pool) or the first
+    ``context`` tokens of each stored sequence of ``context + N - 1`` tokens.
+    """
+
+    def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int = 65536, context: int = 1) -> None:
         if ngram_size < 2:
             raise ValueError("ngram_size must be >= 2")
         if guess_set_size < 0:
             raise ValueError("guess_set_size must be >= 0")
         if max_keys < 1:
             raise ValueError("max_keys must be >= 1")
+        if context < 1:
+            raise ValueError("context must be >= 1")
+        self.context = context
+        self.span = context + ngram_size - 1  # tokens per stored sequence
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        self._table: OrderedDict[int, OrderedDict[tuple[int, ...], None]] = OrderedDict()
+        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], None]] = OrderedDict()
         self._count = 0
 
+    def _key(self, tokens: Sequence[int]) -> object:
+        return int(tokens[0]) if self.context == 1 else tuple(int(t) for t in tokens)
+
     def add(self, ngram: Sequence[int]) -> None:
-        """Store ``ngram[1:]`` under key ``ngram[0]`` as the most recent value."""
-        if len(ngram) != self.ngram_size:
-            raise ValueError(f"n-gram of length {len(ngram)}, expected {self.ngram_size}")
+        """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value."""
+        if len(ngram) != self.span:
+            raise ValueError(f"n-gram of length {len(ngram)}, expected {self.span}")
         if self.guess_set_size == 0:
             return
-        key = int(ngram[0])
-        value = tuple(int(t) for t in ngram[1:])
+        c = self.context
+        key = self._key(ngram[:c])
+        value = tuple(int(t) for t in ngram[c:])
         values = self._table.get(key)
         if values is None:
             if len(self._table) >= self.max_keys:
@@ -61,17 +81,28 @@ class NgramPool:
             self._count -= 1
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
-        """Add every n-gram ``tokens[p:p+N]`` that ends at an index >= ``start``."""
-        n = self.ngram_size
+        """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``."""
+        n = self.span
         for p in range(max(0, start - n + 1), len(tokens) - n + 1):
             self.add(tokens[p : p + n])
 
-    def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
-        """At most ``min(limit, G)`` continuations for ``key``, most recent first."""
-        values = self._table.get(int(key))
-        if values is None or limit <= 0:
+    def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
+        """At most ``min(limit, G)`` continuations for ``key``, most recent first.
+
+        ``key``: a token (``context=1``) or the last ``context`` tokens.
+        """
+        if limit <= 0:
             return []
-        self._table.move_to_end(int(key))
+        if self.context == 1:
+            k = int(key if isinstance(key, (int, np.integer)) else key[-1])
+        else:
+            if isinstance(key, (int, np.integer)) or len(key) < self.context:
+                return []
+            k = self._key(key[len(key) - self.context :])
+        values = self._table.get(k)
+        if values is None:
+            return []
+        self._table.move_to_end(k)
         result: list[tuple[int, ...]] = []
         for value in reversed(values):
             if len(result) >= limit:

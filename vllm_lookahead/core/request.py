@@ -6,6 +6,10 @@ Alg. 2) for one request is:
 1. :meth:`RequestLookahead.propose` -- build the token tree from the last
    accepted token: the *verification branch* (up to ``G`` pool n-grams keyed
    by that token) first, then the *lookahead branch* (the Jacobi window).
+   Candidates whose preceding text matches more of the recent tokens come
+   first (``lookup_context``), and an optional token budget per step cuts the
+   tree: candidates in order while they fit, then the whole window if it fits
+   (a window left out this step simply waits; it is never run in part).
 2. The engine runs the tree in one target forward and accepts the longest
    greedily-matching path (see :func:`~vllm_lookahead.core.verify.greedy_verify`).
 3. :meth:`RequestLookahead.observe` -- advance the window with the argmax at
@@ -39,6 +43,7 @@ class LookaheadParams:
     window_shift: str = "one"  # "one" | "accepted"
     merge_candidates: bool = False  # trie-merge candidates sharing a prefix
     max_pool_keys: int = 65536
+    lookup_context: int = 1  # longest context (tokens) candidates are matched on; 1 = the paper
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -51,6 +56,8 @@ class LookaheadParams:
             raise ValueError(f"window_shift must be one of {SHIFT_MODES}")
         if self.max_pool_keys < 1:
             raise ValueError("max_pool_keys must be >= 1")
+        if self.lookup_context < 1:
+            raise ValueError("lookup_context must be >= 1")
 
     @property
     def max_draft_tokens(self) -> int:
@@ -62,7 +69,7 @@ class LookaheadParams:
 @dataclass(frozen=True, eq=False)
 class StepDraft:
     tree: DraftTree
-    window_nodes: np.ndarray  # (W,) output node ids of the window
+    window_nodes: np.ndarray  # (W,) output node ids of the window; (0,) if left out this step
     num_candidates: int  # pool n-grams put in the verification branch
 
 
@@ -85,8 +92,14 @@ class RequestLookahead:
             shift=params.window_shift,
         )
         self.pool = NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys)
+        # Text pools keyed by the last k = lookup_context..2 tokens (longest first).
+        self.context_pools = [
+            NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys, context=k)
+            for k in range(params.lookup_context, 1, -1)
+        ]
         if params.pool_from_prompt:
-            self.pool.add_sequence(prompt_token_ids)
+            for pool in self._text_pools():
+                pool.add_sequence(prompt_token_ids)
         self.num_steps = 0
         self.num_drafted_tokens = 0  # draft tokens actually run by the target
         self.num_accepted_draft_tokens = 0
@@ -96,19 +109,52 @@ class RequestLookahead:
     def mean_tokens_per_step(self) -> float:
         return self.num_emitted_tokens / self.num_steps if self.num_steps else 0.0
 
-    def propose(self, root_token: int) -> StepDraft:
-        """Build this step's tree below ``root_token`` (the last accepted token)."""
+    def _text_pools(self) -> list[NgramPool]:
+        return [*self.context_pools, self.pool]
+
+    @property
+    def window_tokens(self) -> int:
+        """Tree nodes the window adds this step (root excluded)."""
+        return self.params.window_size * self.window.filled - 1
+
+    def candidates(self, recent: Sequence[int]) -> list[tuple[int, ...]]:
+        """Up to ``G`` distinct continuations for ``recent`` (ends with the root), longest context first."""
+        limit = self.params.guess_set_size
+        out: list[tuple[int, ...]] = []
+        for pool in self._text_pools():
+            if len(out) >= limit:
+                break
+            for c in pool.get(recent, limit):
+                if c not in out:
+                    out.append(c)
+                    if len(out) >= limit:
+                        break
+        return out
+
+    def propose(self, root_token: int, recent: Sequence[int] = (), budget: int | None = None) -> StepDraft:
+        """Build this step's tree below ``root_token`` (the last accepted token).
+
+        ``recent``: the last tokens of the sequence, ending with ``root_token``
+        (only the last ``lookup_context`` are read); ``budget``: at most this many
+        draft nodes (None = no limit).
+        """
         params = self.params
         builder = TreeBuilder(root_token)
-        candidates = self.pool.get(root_token, params.guess_set_size)
-        for continuation in candidates:
+        recent = list(recent[len(recent) - params.lookup_context :]) if len(recent) else []
+        if not recent or recent[-1] != int(root_token):
+            recent = [int(root_token)]
+        room = budget if budget is not None else 1 << 30
+        used = 0
+        for continuation in self.candidates(recent):
+            if builder.size - 1 + len(continuation) > room:
+                break  # keep the order: a later (less likely) candidate never jumps the queue
             builder.add_chain(0, continuation, needs_logits=True, merge=params.merge_candidates)
-        window_nodes = self.window.add_to_tree(builder, root=0)
-        return StepDraft(
-            tree=builder.build(),
-            window_nodes=window_nodes,
-            num_candidates=len(candidates),
-        )
+            used += 1
+        if builder.size - 1 + self.window_tokens <= room:
+            window_nodes = self.window.add_to_tree(builder, root=0)
+        else:
+            window_nodes = np.zeros(0, dtype=np.int64)
+        return StepDraft(tree=builder.build(), window_nodes=window_nodes, num_candidates=used)
 
     def observe(
         self,
@@ -133,18 +179,18 @@ class RequestLookahead:
         num_new = len(accepted_tokens)
         if num_new < 1:
             raise ValueError("at least the bonus token is accepted each step")
-        n = self.params.ngram_size
-        tail_length = min(len(history), num_new + n - 1)
-        tail = [int(t) for t in history[len(history) - tail_length :]]
+        tail, start = self._tail(num_new, history)
 
         window_nodes = draft.window_nodes
-        was_run = window_nodes < num_nodes_run
-        outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
-        outputs[was_run] = argmax[window_nodes[was_run]]
-        for ngram in self.window.update(outputs, num_new - 1, tail):
-            self.pool.add(ngram)
+        if window_nodes.size:
+            was_run = window_nodes < num_nodes_run
+            outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
+            outputs[was_run] = argmax[window_nodes[was_run]]
+            for ngram in self.window.update(outputs, num_new - 1, tail):
+                self.pool.add(ngram)
         if self.params.pool_from_output:
-            self.pool.add_sequence(tail, start=tail_length - num_new)
+            for pool in self._text_pools():
+                pool.add_sequence(tail, start=start)
 
         self.num_steps += 1
         self.num_drafted_tokens += num_nodes_run - 1
@@ -159,7 +205,12 @@ class RequestLookahead:
         """A step that carried no tree (first decode, fallback): the pool still learns."""
         if not self.params.pool_from_output or not accepted_tokens:
             return
-        num_new = len(accepted_tokens)
-        tail_length = min(len(history), num_new + self.params.ngram_size - 1)
-        tail = [int(t) for t in history[len(history) - tail_length :]]
-        self.pool.add_sequence(tail, start=tail_length - num_new)
+        tail, start = self._tail(len(accepted_tokens), history)
+        for pool in self._text_pools():
+            pool.add_sequence(tail, start=start)
+
+    def _tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:
+        """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
+        span = self.params.lookup_context + self.params.ngram_size - 1
+        length = min(len(history), num_new + span - 1)
+        return [int(t) for t in history[len(history) - length :]], length - num_new

@@ -4,15 +4,19 @@ vLLM 0.32 ships no tree attention and its backends take only causal/non-causal
 masks.  We keep vLLM's kernel for every row and then recompute the draft rows
 of tree-carrying requests with the tree mask:
 
-    for each tree request, each attention layer:
-        K, V  <- the request's sequence gathered from the paged cache (context
+    each attention layer, all tree requests at once (padded, see
+    tree_batch.PaddedDraftRows):
+        K, V  <- the requests' blocks gathered from the paged cache (context
                  + this step's rows, which the backend has just written)
         out[draft rows] = softmax(q k^T * scale + mask) v   with mask = context
                           | tree ancestors  (the two branches never see each other)
 
-The root row keeps vLLM's own result (causal is already right for it), and
-requests without drafts are untouched, so plain decoding keeps vLLM's kernels.
-The path is plain torch (``scaled_dot_product_attention`` with GQA), so it runs
+The root row keeps vLLM's own result (causal is already right for it), and so
+do the draft rows of a tree's leading chain (the first candidate below the
+root: its causal view is its tree view); a step whose trees are all chains --
+one candidate, no window -- runs vLLM's kernels only.  Requests without drafts are untouched, so plain decoding keeps vLLM's kernels.
+The path is plain torch (two matmuls and a softmax, grouped-query heads stacked
+rather than K/V expanded), so it runs
 on CPU and, with the FlashAttention cache layout, on GPU (not measured here).
 
 The wrapper is installed on the backend's ``AttentionImpl.forward`` (see
@@ -26,9 +30,8 @@ import contextlib
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-from vllm_lookahead.engine.kv import gather_sequence, kv_views
+from vllm_lookahead.engine.kv import gather_blocks, kv_views
 from vllm_lookahead.engine.tree_batch import TreeBatch
 
 _ACTIVE: Callable[[], TreeBatch | None] | None = None
@@ -87,34 +90,35 @@ def _fix_draft_rows(impl, query, key, kv_cache, attn_metadata, output, batch: Tr
     heads, head_size = impl.num_heads, impl.head_size
     q_all = query.view(-1, heads, head_size)
     out_all = output.view(output.shape[0], heads, -1)
-    k_view, v_view = kv_views(kv_cache, _BACKEND)
-    block_table = attn_metadata.block_table
-    for tr in batch.requests:
-        n = tr.num_nodes
-        length = tr.context_len + n
-        blocks = block_table[tr.batch_index]
-        k = gather_sequence(k_view, blocks, length)  # [Hkv, L, D]
-        v = gather_sequence(v_view, blocks, length)
-        if not _LAYOUT_CHECKED:
-            _check_layout(k, key, tr)
-            _LAYOUT_CHECKED = True
-        q = q_all[tr.token_start + 1 : tr.token_start + n].transpose(0, 1)  # [H, n-1, D]
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(0).to(k.dtype),
-            k.unsqueeze(0),
-            v.unsqueeze(0),
-            attn_mask=tr.mask,
-            scale=impl.scale,
-            enable_gqa=heads != k.shape[0],
-        )[0]
-        out_all[tr.token_start + 1 : tr.token_start + n] = o.transpose(0, 1).to(out_all.dtype)
+    block_size = kv_views(kv_cache, _BACKEND)[0].shape[2]
+    rows = batch.padded_draft_rows(attn_metadata.block_table, block_size)
+    if rows is None:  # every tree is a chain: vLLM's causal result is exact
+        return
+    R, Q, NB = rows.num_requests, rows.max_queries, rows.num_blocks
+    k_blocks, v_blocks = gather_blocks(kv_cache, _BACKEND, rows.block_ids)  # [R*NB, Hkv, bs, D]
+    hkv = k_blocks.shape[1]
+    group = heads // hkv
+    length = NB * block_size
+    k = k_blocks.view(R, NB, hkv, block_size, -1).permute(0, 2, 4, 1, 3).reshape(R, hkv, -1, length)  # K^T
+    v = v_blocks.view(R, NB, hkv, block_size, -1).permute(0, 2, 1, 3, 4).reshape(R, hkv, length, -1)
+    if not _LAYOUT_CHECKED:
+        _check_layout(k[0].transpose(1, 2), key, rows.requests[0])
+        _LAYOUT_CHECKED = True
+    # Grouped-query attention without expanding K/V: the `group` query heads that
+    # share a KV head (head h uses KV head h // group) are stacked as extra rows.
+    q = q_all.index_select(0, rows.query_rows).to(k.dtype)  # [R*Q, H, D]
+    q = q.view(R, Q, hkv, group, head_size).permute(0, 2, 3, 1, 4).reshape(R, hkv, group * Q, head_size)
+    scores = torch.matmul(q, k).mul_(impl.scale).add_(rows.bias_for(group, k.dtype))  # [R, Hkv, group*Q, L]
+    o = torch.matmul(torch.softmax(scores, dim=-1), v)  # [R, Hkv, group*Q, D]
+    o = o.view(R, hkv, group, Q, -1).permute(0, 3, 1, 2, 4).reshape(R * Q, heads, -1).index_select(0, rows.valid)
+    out_all.index_copy_(0, rows.out_rows, o.to(out_all.dtype))
 
 
 def _check_layout(k_gathered: torch.Tensor, key: torch.Tensor, tr) -> None:
     """Once per process: the cache rows we read for this step must be the keys just written."""
     n = tr.num_nodes
     written = key.view(key.shape[0], k_gathered.shape[0], -1)[tr.token_start : tr.token_start + n]
-    read = k_gathered[:, tr.context_len :].transpose(0, 1)
+    read = k_gathered[:, tr.context_len : tr.context_len + n].transpose(0, 1)
     if not torch.allclose(read.float(), written.float(), atol=1e-3, rtol=1e-3):
         raise RuntimeError(
             "vllm-lookahead: the KV cache layout of attention backend "

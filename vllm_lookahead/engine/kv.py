@@ -56,6 +56,18 @@ def gather_sequence(view: torch.Tensor, block_ids: torch.Tensor, length: int) ->
     return blocks.permute(1, 0, 2, 3).reshape(view.shape[1], nb * bs, view.shape[3])[:, :length]
 
 
+def gather_blocks(kv_cache: torch.Tensor, backend: str, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the listed blocks, each ``[len(block_ids), num_kv_heads, block_size, head_size]``.
+
+    On the CPU layout K and V of a block are adjacent, so one ``index_select``
+    fetches both; the result is a view into that one copy.
+    """
+    if backend == "CPU_ATTN":
+        return kv_views(kv_cache.index_select(0, block_ids), backend)
+    k, v = kv_views(kv_cache, backend)
+    return k.index_select(0, block_ids), v.index_select(0, block_ids)
+
+
 def move_slots(
     kv_caches: list[torch.Tensor], backend: str, src_slots: torch.Tensor, dst_slots: torch.Tensor
 ) -> None:

@@ -50,6 +50,7 @@ class LookaheadProposer:
         self.config = LookaheadConfig.model_validate(raw or {}, strict=False)
         self.params = self.config.to_core_params()
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.step_token_cap = self.config.tokens_per_step_cap(_device_type(vllm_config))
         self.states: dict[str, RequestLookahead] = {}
         self.pending: dict[str, StepDraft] = {}
         self.outcomes: dict[str, StepOutcome] = {}
@@ -76,6 +77,7 @@ class LookaheadProposer:
         assert runner is not None, "LookaheadProposer used before the runner patch bound it"
         t0 = time.perf_counter()
         drafts: list[list[int]] = []
+        budget = self._budget_per_request(sum(1 for s in sampled_token_ids if s))
         for i, req_id in enumerate(runner.input_batch.req_ids):
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             if not new_tokens:
@@ -95,12 +97,28 @@ class LookaheadProposer:
                 state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history)
             else:
                 state.learn(new_tokens, history)
-            drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], num_tokens))
+            recent = history[max(0, num_tokens - self.params.lookup_context) :]
+            drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], recent, num_tokens, budget))
         self.stats.propose_seconds += time.perf_counter() - t0
         return drafts
 
     # -- helpers ---------------------------------------------------------------------
-    def _next_draft(self, req_id: str, req_state: Any, state: RequestLookahead, root: int, num_tokens: int) -> list[int]:
+    def _budget_per_request(self, num_decoding: int) -> int | None:
+        """Draft nodes each request may add so the forward stays within the step cap."""
+        if not self.step_token_cap or num_decoding <= 0:
+            return None
+        return max(0, (self.step_token_cap - num_decoding) // num_decoding)
+
+    def _next_draft(
+        self,
+        req_id: str,
+        req_state: Any,
+        state: RequestLookahead,
+        root: int,
+        recent: Any,
+        num_tokens: int,
+        budget: int | None,
+    ) -> list[int]:
         sp = req_state.sampling_params
         reason = draft_blocker(sp, len(req_state.output_token_ids))
         if reason is not None:
@@ -114,10 +132,12 @@ class LookaheadProposer:
             # very last token only costs compute (vLLM truncates at max_tokens).
             if len(req_state.output_token_ids) >= sp.max_tokens - 1:
                 room = 0
+        if budget is not None:
+            room = min(room, budget)
         if room <= 0:
             self.pending.pop(req_id, None)
             return []
-        draft = state.propose(root)
+        draft = state.propose(int(root), recent, budget=room)
         self.pending[req_id] = draft
         tokens = draft.tree.draft_tokens
         self.stats.on_propose(draft)
@@ -148,3 +168,12 @@ class LookaheadProposer:
             state = self.states.get(req_id)
             if state is not None and self.runner is not None and req_id in self.runner.requests:
                 state.reset(self.runner.requests[req_id].prompt_token_ids or [])
+
+
+def _device_type(vllm_config: Any) -> str:
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    if device:
+        return str(device)
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)

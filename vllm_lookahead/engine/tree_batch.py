@@ -40,6 +40,17 @@ class TreeRequest:
     def num_nodes(self) -> int:
         return self.tree.size
 
+    @property
+    def first_branch_node(self) -> int:
+        """First node whose ancestors are not all earlier nodes (``num_nodes`` for a chain).
+
+        Nodes before it form a chain below the root, for which vLLM's causal
+        attention is already the tree attention: only later rows are recomputed.
+        """
+        parents = self.tree.parents
+        off_chain = np.flatnonzero(parents[1:] != np.arange(len(parents) - 1))
+        return int(off_chain[0]) + 1 if off_chain.size else self.num_nodes
+
 
 @dataclass
 class TreeBatch:
@@ -48,6 +59,18 @@ class TreeBatch:
     sample_rows: torch.Tensor      # (num_reqs,) logits row used to sample each request's next token
     tree_logit_rows: torch.Tensor  # logits rows of all tree nodes with logits, request by request
     slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
+    _padded: dict | None = None
+
+    def padded_draft_rows(self, block_table: torch.Tensor, block_size: int) -> "PaddedDraftRows | None":
+        """The draft rows that need the tree mask, as one padded attention problem.
+
+        Built once per step (per block size); None when no row needs it.
+        """
+        if self._padded is None:
+            self._padded = {}
+        if block_size not in self._padded:
+            self._padded[block_size] = PaddedDraftRows.build(self.requests, block_table, block_size)
+        return self._padded[block_size]
 
     def logits_rows_as_drafts(self, scheduled_spec: dict[str, list[int]]) -> dict[str, list[int]]:
         """``scheduled_spec_decode_tokens`` as vLLM code that walks logits rows must see it.
@@ -150,3 +173,82 @@ def draft_rows_mask(tree: DraftTree, context_len: int) -> torch.Tensor:
     mask = torch.ones((n - 1, context_len + n), dtype=torch.bool)
     mask[:, context_len:] = torch.from_numpy(tree.ancestor_mask()[1:])
     return mask
+
+
+@dataclass
+class PaddedDraftRows:
+    """The draft rows of ``R`` tree requests as one batched, padded attention call.
+
+    Request ``r`` has ``q_r`` draft rows to recompute (those from its first branch
+    on, see :attr:`TreeRequest.first_branch_node`) and ``L_r = context_len + n_r``
+    keys spread over its KV blocks.  Everything is padded to ``Q = max q_r`` rows
+    and ``NB = max blocks`` blocks, so each attention layer needs one gather of
+    ``R x NB`` blocks, one SDPA and one scatter -- however many requests carry trees.
+    Padded keys are masked out; padded query rows see key 0 only (never all-masked,
+    which would give NaN) and are dropped.
+    """
+
+    block_size: int
+    block_ids: torch.Tensor   # (R*NB,) long: the blocks to gather, request-major
+    query_rows: torch.Tensor  # (R*Q,) long: flattened-batch row of each padded query row
+    mask: torch.Tensor        # (R, 1, Q, NB*block_size) bool
+    valid: torch.Tensor       # (number of draft rows,) long: which of the R*Q padded rows are real
+    out_rows: torch.Tensor    # (number of draft rows,) long: their rows in the flattened batch
+    num_requests: int
+    max_queries: int
+    num_blocks: int
+    requests: list  # the TreeRequests with rows here, in order
+    _bias: dict = None  # (group, dtype) -> additive mask (R, 1, group*Q, keys), built on first use
+
+    def bias_for(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive attention mask (0 / -inf) with each query row repeated for ``group`` heads."""
+        if self._bias is None:
+            self._bias = {}
+        bias = self._bias.get((group, dtype))
+        if bias is None:
+            R, _, Q, keys = self.mask.shape
+            rows = self.mask.view(R, 1, 1, Q, keys).expand(R, 1, group, Q, keys).reshape(R, 1, group * Q, keys)
+            bias = torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
+            self._bias[(group, dtype)] = bias
+        return bias
+
+    @classmethod
+    def build(cls, requests: list[TreeRequest], block_table: torch.Tensor, block_size: int) -> "PaddedDraftRows | None":
+        """None when every tree is a chain (vLLM's causal attention is then exact)."""
+        requests = [tr for tr in requests if tr.first_branch_node < tr.num_nodes]
+        if not requests:
+            return None
+        R = len(requests)
+        Q = max(tr.num_nodes - tr.first_branch_node for tr in requests)
+        lengths = [tr.context_len + tr.num_nodes for tr in requests]
+        NB = max(-(-L // block_size) for L in lengths)
+        keys = NB * block_size
+        table = block_table.index_select(0, torch.tensor([tr.batch_index for tr in requests], device=block_table.device))
+        if table.shape[1] < NB:  # cannot happen for a valid table; pad defensively with block 0
+            table = torch.nn.functional.pad(table, (0, NB - table.shape[1]))
+        block_ids = table[:, :NB].to(torch.long).reshape(-1)
+        mask = torch.zeros((R, 1, Q, keys), dtype=torch.bool)
+        query_rows = np.empty((R, Q), dtype=np.int64)
+        valid, out_rows = [], []
+        for r, tr in enumerate(requests):
+            first = tr.first_branch_node
+            q = tr.num_nodes - first
+            query_rows[r, :] = tr.token_start  # padding rows read the root row (harmless, dropped)
+            query_rows[r, :q] = tr.token_start + np.arange(first, tr.num_nodes)
+            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = tr.mask[first - 1 :]
+            mask[r, 0, q:, 0] = True
+            valid.append(r * Q + np.arange(q))
+            out_rows.append(query_rows[r, :q])
+        device = block_table.device
+        return cls(
+            block_size=block_size,
+            block_ids=block_ids,
+            query_rows=torch.from_numpy(query_rows.reshape(-1)).to(device),
+            mask=mask.to(device),
+            valid=torch.from_numpy(np.concatenate(valid)).to(device),
+            out_rows=torch.from_numpy(np.concatenate(out_rows)).to(device),
+            num_requests=R,
+            requests=requests,
+            max_queries=Q,
+            num_blocks=NB,
+        )

@@ -1,0 +1,173 @@
+"""The benchmark harness without an engine: prompt sets, method specs, report arithmetic."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+
+from vllm_lookahead.bench import prompts as P
+from vllm_lookahead.bench.methods import parse_method
+from vllm_lookahead.bench.report import build_rows, to_csv, to_markdown, write_report
+from vllm_lookahead.cli import main
+
+# -- prompts ---------------------------------------------------------------------------
+
+
+def test_stdlib_code_prompts_are_reproducible_and_show_signature_and_docstring():
+    a = P.code_completion_prompts(12)
+    b = P.code_completion_prompts(12)
+    assert [p.prompt_id for p in a] == [p.prompt_id for p in b]
+    assert len(a) == 12 and len({p.prompt_id for p in a}) == 12
+    assert len({p.prompt_id.split(":")[1] for p in a}) == 12  # one per module first
+    for p in a:
+        assert p.category == "code"
+        assert "```python\ndef " in p.text and '"""' in p.text and p.text.rstrip().endswith("```")
+
+
+def test_specbench_categories(tmp_path):
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}", "second"]}
+            for i, c in enumerate(["writing", "coding", "coding", "qa", "summarization", "math"] * 3)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    mt = P.category_prompts("mt_bench", 4, path)
+    assert [p.text for p in mt] == ["q0", "q5", "q1", "q6"]  # round robin over the MT-bench categories
+    code = P.category_prompts("code", 4, path)
+    assert [p.prompt_id.split(":")[0] for p in code] == ["specbench", "stdlib", "specbench", "stdlib"]
+    assert [p.text for p in P.category_prompts("qa", 10, path)] == ["q3", "q9", "q15"]
+    with pytest.raises(P.PromptSetError, match="unknown prompt category"):
+        P.category_prompts("nope", 1, path)
+    with pytest.raises(P.PromptSetError, match="--specbench"):
+        P.category_prompts("qa", 1, tmp_path / "missing.jsonl")
+
+
+def test_sharegpt_reader_stops_at_the_truncated_record(tmp_path):
+    records = [
+        {"id": "a", "conversations": [{"from": "human", "value": "first question here"}, {"from": "gpt", "value": "x"}]},
+        {"id": "b", "conversations": [{"from": "gpt", "value": "starts with the model"}]},
+        {"id": "c", "conversations": [{"from": "human", "value": "hi"}]},  # too short
+        {"id": "d", "conversations": [{"from": "human", "value": "x" * 3000 + " long but fine"}]},
+    ]
+    text = "[" + ", ".join(json.dumps(r) for r in records) + ', {"id": "e", "conversations": [{"from": "hu'
+    path = tmp_path / "ShareGPT.json"
+    path.write_text(text)
+    got = P.sharegpt_prompts(10, path)
+    assert [p.prompt_id for p in got] == ["sharegpt:a", "sharegpt:d"]
+    assert P.sharegpt_prompts(1, path)[0].text == "first question here"
+
+
+def test_packaged_sharegpt_is_readable():
+    got = P.sharegpt_prompts(40)
+    assert len(got) == 40 and all(p.text for p in got)
+
+
+class _Tok:
+    chat_template = None
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def test_tokenize_drops_long_prompts_instead_of_cutting():
+    ps = [P.Prompt("a", "x", "abc"), P.Prompt("b", "x", "abcdefgh")]
+    assert [(p.prompt_id, ids) for p, ids in P.tokenize(ps, _Tok(), 5)] == [("a", [97, 98, 99])]
+
+
+# -- methods ---------------------------------------------------------------------------
+
+
+def test_method_specs():
+    assert parse_method("none").speculative_config is None
+    ngram = parse_method("ngram")
+    assert ngram.speculative_config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert parse_method('ngram:{"num_speculative_tokens": 8}').speculative_config["num_speculative_tokens"] == 8
+    la = parse_method('lookahead:{"window_size": 4, "lookup_context": 3}')
+    assert la.speculative_config == {"method": "lookahead", "window_size": 4, "lookup_context": 3}
+    assert la.label == "lookahead W4 N5 G7 lookup_context=3"
+    suffix = parse_method("suffix")
+    assert suffix.speculative_config == {"method": "suffix"}
+    with pytest.raises(ValueError, match="unknown method"):
+        parse_method("eagle")
+    with pytest.raises(ValueError, match="JSON object"):
+        parse_method("ngram:[1]")
+    with pytest.raises(Exception, match="window_size"):
+        parse_method('lookahead:{"window_size": 0}')
+
+
+def test_bench_cli_rejects_a_bad_method_before_starting_anything(capsys):
+    assert main(["bench", "--methods", "none", "medusa"]) == 2
+    assert "unknown method 'medusa'" in capsys.readouterr().err
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def _run(outputs, wall, gen=0, acc=0, drafted=0, drafts=0, steps=10, propose=0.0):
+    return {
+        "wall_s": wall, "ttft_s": [0.1] * len(outputs), "latency_s": [1.0] * len(outputs), "outputs": outputs,
+        "counters": {"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc,
+                     "vllm:spec_decode_num_draft_tokens": drafted, "vllm:spec_decode_num_drafts": drafts},
+        "timers": {"step_s": 0.5, "step_calls": steps, "propose_s": propose, "verify_s": 0.01}, "extra": {},
+    }
+
+
+def _raw():
+    same, other = [[1, 2, 3, 4]] * 2, [[1, 2, 3, 4], [1, 2, 9, 9]]
+    return {
+        "plan": {"model": "m", "max_tokens": 4, "repeats": 2, "max_model_len": 64, "enforce_eager": True,
+                 "categories": ["code"]},
+        "environment": {"date": "d", "cpus": 2, "vllm": "0.32.0", "torch": "t", "vllm_lookahead": "0.1.0"},
+        "workloads": [{"name": "code", "kind": "category", "concurrency": 1},
+                      {"name": "sharegpt@c4", "kind": "concurrency", "concurrency": 4}],
+        "methods": [
+            {"method": "no-spec", "skip_reason": None, "runs": {
+                "code": [_run(same, 1.0, gen=8, steps=8), _run(same, 2.0, gen=8, steps=8)],
+                "sharegpt@c4": [_run(same, 1.0, gen=8)]}},
+            {"method": "suffix", "skip_reason": "not installed", "runs": {}},
+            {"method": "lookahead", "skip_reason": None, "runs": {
+                "code": [_run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004),
+                         _run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004)],
+                "sharegpt@c4": [_run(same, 2.0, gen=8)]}},
+        ],
+    }
+
+
+def test_rows_compute_mat_acceptance_speedup_spread_and_exactness():
+    rows = {(r.method, r.workload): r for r in build_rows(_raw())}
+    ref, la = rows[("no-spec", "code")], rows[("lookahead", "code")]
+    assert ref.mat == 1.0 and ref.speedup == 1.0 and ref.exact == 2
+    assert la.mat == pytest.approx(16 / 8)  # 16 generated, 8 accepted over both repeats -> 8 forwards
+    assert la.acceptance == pytest.approx(8 / 80)
+    assert la.draft_per_step == pytest.approx(10.0)
+    assert la.tok_s == pytest.approx(16.0)
+    assert (la.speedup_min, la.speedup_max) == (pytest.approx(2.0), pytest.approx(4.0))  # per repeat: 16/8, 16/4
+    assert la.speedup == pytest.approx(3.0)
+    assert la.exact == 1 and la.compared == 2
+    assert la.propose_ms == pytest.approx(1.0)  # 8 ms over 8 steps
+    assert rows[("lookahead", "sharegpt@c4")].speedup == pytest.approx(0.5)
+    assert ("suffix", "code") not in rows
+
+
+def test_markdown_csv_and_plots(tmp_path):
+    raw = _raw()
+    rows = build_rows(raw)
+    md = to_markdown(raw, rows)
+    assert "**suffix: not run** -- not installed" in md
+    assert "| lookahead | code | 2.00 | 10.0% | 10.0 | 16.0 | 3.00x [2.00, 4.00] |" in md
+    table = list(csv.reader(io.StringIO(to_csv(rows))))
+    assert table[0][:3] == ["method", "workload", "concurrency"] and len(table) == 1 + len(rows)
+    paths = write_report(raw, tmp_path)
+    for key in ("markdown", "csv", "speedup_vs_concurrency", "mat_per_category"):
+        assert (tmp_path / paths[key].split("/")[-1]).stat().st_size > 0
+    assert not math.isnan(rows[0].tok_s)
+
+
+def test_report_only_rebuilds_from_json(tmp_path, capsys):
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(_raw()))
+    assert main(["bench", "--report-only", str(src), "--out", str(tmp_path / "out")]) == 0
+    assert "## Batch 1, per prompt category" in capsys.readouterr().out
+    assert (tmp_path / "out" / "results.csv").exists()

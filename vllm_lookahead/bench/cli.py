@@ -1,0 +1,133 @@
+"""``vllm-lookahead bench``: the side-by-side benchmark (kept cheap to import).
+
+    vllm-lookahead bench                       # every default method, bundled model
+    vllm-lookahead bench --methods none ngram 'lookahead:{"window_size":4}' --concurrency 1 4
+    vllm-lookahead bench --report-only bench-results/results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vllm_lookahead.bench.methods import DEFAULT_METHODS
+
+DEFAULT_CATEGORIES = ("mt_bench", "code", "summarization", "qa", "math_reasoning")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model folder (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="SPEC",
+        help="none | ngram[:JSON] | suffix[:JSON] | lookahead[:JSON] (default: %(default)s); "
+        "no speculation always runs first as the reference",
+    )
+    p.add_argument("--categories", nargs="*", default=list(DEFAULT_CATEGORIES),
+                   help="batch-1 prompt categories (default: %(default)s); none to skip")
+    p.add_argument("--prompts-per-category", type=int, default=6)
+    p.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16, 32],
+                   help="requests in flight for the ShareGPT sweep (default: %(default)s); none to skip")
+    p.add_argument("--requests-per-slot", type=int, default=2,
+                   help="sweep requests = max(--min-sweep-requests, this x concurrency)")
+    p.add_argument("--min-sweep-requests", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2, help="runs of every workload per method (speedup spread)")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-prompt-tokens", type=int, default=1536, help="longer prompts are dropped, not cut")
+    p.add_argument("--no-eager", action="store_true", help="let vLLM compile (default: eager, as served on CPU)")
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
+                   help="extra vLLM engine argument for every method, e.g. --engine-arg dtype='\"bfloat16\"'")
+    p.add_argument("--specbench", default=None, help="Spec-Bench questions.jsonl (default: ../shared/data/specbench)")
+    p.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
+    p.add_argument("--report-only", metavar="RESULTS_JSON", default=None,
+                   help="only rebuild tables and plots from an earlier results.json")
+
+
+def _engine_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"vllm-lookahead bench: --engine-arg wants KEY=JSON, got {item!r}")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_lookahead.bench.report import write_report
+
+    out_dir = Path(args.out)
+    if args.report_only:
+        raw = json.loads(Path(args.report_only).read_text())
+        paths = write_report(raw, out_dir)
+        print(Path(paths["markdown"]).read_text())
+        return 0
+
+    from vllm_lookahead.bench.methods import parse_method
+    from vllm_lookahead.bench.prompts import PromptSetError
+    from vllm_lookahead.bench.suite import Plan, run_plan
+
+    try:
+        for spec in args.methods:
+            parse_method(spec)
+    except ValueError as exc:
+        print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
+        return 2
+    model = args.model
+    if model is None:
+        from vllm_lookahead.models import prepare_default_model
+
+        model = str(prepare_default_model())
+    plan = Plan(
+        model=model,
+        methods=args.methods,
+        categories=args.categories,
+        prompts_per_category=args.prompts_per_category,
+        concurrency=sorted(set(args.concurrency)),
+        requests_per_slot=args.requests_per_slot,
+        min_sweep_requests=args.min_sweep_requests,
+        max_tokens=args.max_tokens,
+        repeats=args.repeats,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_model_len=args.max_model_len,
+        enforce_eager=not args.no_eager,
+        specbench=args.specbench,
+        engine_overrides=_engine_overrides(args.engine_arg),
+    )
+
+    def progress(total: int):
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="req", dynamic_ncols=True, file=sys.stderr)
+
+    try:
+        raw = run_plan(plan, out_dir / "results.json", progress)
+    except PromptSetError as exc:
+        print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a worker failed; its log tail is in the message
+        print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
+        return 1
+    paths = write_report(raw, out_dir)
+    print(Path(paths["markdown"]).read_text())
+    print("written: " + ", ".join(paths.values()), file=sys.stderr)
+    return 0
+
+
+def register_cli(register_subcommand) -> None:
+    register_subcommand(
+        "bench",
+        "benchmark no speculation, vLLM ngram/suffix and lookahead side by side",
+        run,
+        add_arguments,
+        description=__doc__.split("\n\n")[0].strip().strip("`") + ". " + (
+            "Runs the same prompts with the same engine settings through every method (one engine at a "
+            "time, in this process), greedy: one workload per prompt category at batch 1 and a ShareGPT "
+            "concurrency sweep. Writes results.json, results.md, results.csv and PNG plots to --out."
+        ),
+    )

@@ -1,0 +1,196 @@
+"""One in-process vLLM engine per method, driven as a closed-loop load generator.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker),
+so the benchmark can time the runner's phases directly: :class:`StepTimers`
+wraps four ``GPUModelRunner`` methods for the engine's lifetime (and restores
+them on close).  Every method, including no speculation, is timed by the same
+wrappers, so the columns compare like with like:
+
+* ``propose``: ``propose_draft_token_ids`` -- the drafter (vLLM ngram/suffix, or
+  the lookahead window + pool); zero without speculation;
+* ``verify``: ``_sample`` -- sampling, plus rejection sampling or lookahead's
+  tree verification and KV compaction;
+* ``prepare``: ``_prepare_inputs`` -- vLLM's input preparation (plus the tree
+  batch for lookahead);
+* ``step``: ``execute_model`` -- the whole step including the forward.
+
+:meth:`BenchEngine.run` keeps ``concurrency`` requests in flight (a new one is
+added as soon as one finishes), greedy, and records per request the time to the
+first token and the generated token ids; counters come from vLLM's own metrics
+(``vllm:generation_tokens``, ``vllm:spec_decode_*``), read before and after.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+ENGINE_DEFAULTS: dict[str, Any] = dict(
+    dtype="float32",
+    gpu_memory_utilization=0.3,
+    seed=0,
+    disable_log_stats=False,
+    enable_prefix_caching=False,  # repeats and methods must pay the same prefill
+)
+
+TIMED_METHODS = {
+    "step": "execute_model",
+    "prepare": "_prepare_inputs",
+    "propose": "propose_draft_token_ids",
+    "verify": "_sample",
+}
+
+
+class StepTimers:
+    """Wall time spent in selected ``GPUModelRunner`` methods (this process only)."""
+
+    def __init__(self) -> None:
+        self.seconds = {k: 0.0 for k in TIMED_METHODS}
+        self.calls = {k: 0 for k in TIMED_METHODS}
+        self._originals: dict[str, Callable] = {}
+
+    def install(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        for key, name in TIMED_METHODS.items():
+            original = getattr(GPUModelRunner, name)
+            self._originals[name] = original
+            setattr(GPUModelRunner, name, self._wrap(key, original))
+
+    def uninstall(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        for name, original in self._originals.items():
+            setattr(GPUModelRunner, name, original)
+        self._originals.clear()
+
+    def _wrap(self, key: str, original: Callable) -> Callable:
+        seconds, calls = self.seconds, self.calls
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[key] += time.perf_counter() - t0
+                calls[key] += 1
+
+        timed.__wrapped__ = original  # type: ignore[attr-defined]
+        return timed
+
+    def snapshot(self) -> dict[str, float]:
+        return {**{f"{k}_s": v for k, v in self.seconds.items()}, **{f"{k}_calls": v for k, v in self.calls.items()}}
+
+
+@dataclass
+class RunResult:
+    """One workload (prompts x concurrency) through one engine, once."""
+
+    wall_s: float
+    ttft_s: list[float]  # per request, in prompt order
+    latency_s: list[float]
+    outputs: list[list[int]]  # generated token ids, in prompt order
+    counters: dict[str, float]  # vLLM metric deltas over the run
+    timers: dict[str, float]  # StepTimers deltas over the run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+class BenchEngine:
+    """An in-process LLM with step timers; :meth:`close` frees it for the next method."""
+
+    def __init__(self, model: str, speculative_config: dict | None, **engine_kwargs: Any) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        from vllm import LLM
+
+        kwargs = {**ENGINE_DEFAULTS, **engine_kwargs}
+        if speculative_config is not None:
+            kwargs["speculative_config"] = speculative_config
+        self.llm = LLM(model=model, **kwargs)
+        self.timers = StepTimers()
+        self.timers.install()
+        self._next_id = 0
+
+    def tokenizer(self):
+        return self.llm.get_tokenizer()
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for m in self.llm.get_metrics():
+            value = getattr(m, "value", None)
+            if isinstance(value, (int, float)):
+                out[m.name] = out.get(m.name, 0.0) + float(value)
+        return out
+
+    def run(
+        self,
+        prompts: Sequence[list[int]],
+        concurrency: int,
+        max_tokens: int,
+        on_finish: Callable[[], None] | None = None,
+    ) -> RunResult:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        n = len(prompts)
+        added = [0.0] * n
+        first = [0.0] * n
+        done = [0.0] * n
+        outputs: list[list[int]] = [[] for _ in range(n)]
+        index_of: dict[str, int] = {}
+        next_prompt = 0
+        in_flight = 0
+        before_m, before_t = self.metrics(), self.timers.snapshot()
+        t_start = time.perf_counter()
+        while next_prompt < n or in_flight:
+            while in_flight < concurrency and next_prompt < n:
+                rid = f"bench-{self._next_id}"
+                self._next_id += 1
+                index_of[rid] = next_prompt
+                added[next_prompt] = time.perf_counter()
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompts[next_prompt])), params)
+                next_prompt += 1
+                in_flight += 1
+            for out in engine.step():
+                i = index_of.get(out.request_id)
+                if i is None:
+                    continue
+                now = time.perf_counter()
+                if not first[i] and out.outputs and len(out.outputs[0].token_ids):
+                    first[i] = now
+                if out.finished:
+                    done[i] = now
+                    outputs[i] = list(out.outputs[0].token_ids)
+                    in_flight -= 1
+                    if on_finish is not None:
+                        on_finish()
+        wall = time.perf_counter() - t_start
+        return RunResult(
+            wall_s=wall,
+            ttft_s=[f - a for f, a in zip(first, added)],
+            latency_s=[d - a for d, a in zip(done, added)],
+            outputs=outputs,
+            counters=_delta(before_m, self.metrics()),
+            timers=_delta(before_t, self.timers.snapshot()),
+        )
+
+    def close(self) -> None:
+        self.timers.uninstall()
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        finally:
+            del self.llm
+            gc.collect()

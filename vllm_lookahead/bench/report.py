@@ -1,0 +1,266 @@
+"""Turn raw benchmark results (``results.json``) into tables and plots.
+
+Per method and workload (a prompt category at batch 1, or a concurrency level):
+
+* **MAT** -- generated tokens / target forwards.  Every forward yields exactly one
+  token that was not a draft, so forwards = generated - accepted drafts (vLLM's
+  ``vllm:generation_tokens`` and ``vllm:spec_decode_num_accepted_tokens``).
+* **acceptance** -- accepted draft tokens / draft tokens sent to the target.  For
+  lookahead every tree node counts as a draft token (window and all candidates),
+  so this is much lower than for a linear drafter at the same MAT.
+* **draft/step** -- draft tokens per drafting step (tree or chain size).
+* **tok/s** -- generated tokens / wall time of the workload; **speedup** is the
+  ratio to no speculation, repeat by repeat; reported as mean and [min, max].
+* **TTFT** -- mean time from adding a request to its first token.
+* **propose, verify ms/step** -- wall time per engine step in the drafter
+  (``propose_draft_token_ids``) and in sampling/verification (``_sample``), as
+  timed in-process by :class:`~vllm_lookahead.bench.driver.StepTimers`.
+* **exact** -- completions token-identical to no speculation (repeat 1 of each).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+COLUMNS = (
+    "method", "workload", "concurrency", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
+    "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "propose_ms", "verify_ms",
+    "exact", "compared",
+)
+
+
+@dataclass
+class Row:
+    method: str
+    workload: str
+    kind: str
+    concurrency: int
+    requests: int
+    tokens: int
+    mat: float
+    acceptance: float
+    draft_per_step: float
+    tok_s: float
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    ttft_ms: float
+    step_ms: float
+    propose_ms: float
+    verify_ms: float
+    exact: int
+    compared: int
+
+    def as_csv(self) -> list[Any]:
+        return [
+            self.method, self.workload, self.concurrency, self.requests, self.tokens, _r(self.mat), _r(self.acceptance, 4),
+            _r(self.draft_per_step), _r(self.tok_s), _r(self.speedup, 3), _r(self.speedup_min, 3), _r(self.speedup_max, 3),
+            _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
+        ]
+
+
+def _r(x: float, nd: int = 2) -> float | str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+def _sum(runs: list[dict], section: str, key: str) -> float:
+    return sum(float(r[section].get(key, 0.0)) for r in runs)
+
+
+def _tps(run: dict) -> float:
+    tokens = sum(len(o) for o in run["outputs"])
+    return tokens / run["wall_s"] if run["wall_s"] > 0 else math.nan
+
+
+def build_rows(raw: dict[str, Any]) -> list[Row]:
+    methods = [m for m in raw["methods"] if not m.get("skip_reason")]
+    if not methods:
+        return []
+    ref = methods[0]
+    kinds = {w["name"]: (w["kind"], w["concurrency"]) for w in raw["workloads"]}
+    rows: list[Row] = []
+    for m in methods:
+        for name, runs in m["runs"].items():
+            if not runs:
+                continue
+            kind, conc = kinds.get(name, ("category", 1))
+            ref_runs = ref["runs"].get(name, [])
+            gen = _sum(runs, "counters", "vllm:generation_tokens")
+            acc = _sum(runs, "counters", "vllm:spec_decode_num_accepted_tokens")
+            drafted = _sum(runs, "counters", "vllm:spec_decode_num_draft_tokens")
+            drafts = _sum(runs, "counters", "vllm:spec_decode_num_drafts")
+            steps = _sum(runs, "timers", "step_calls")
+            ratios = [_tps(r) / _tps(b) for r, b in zip(runs, ref_runs) if _tps(b) > 0]
+            ttfts = [t for r in runs for t in r["ttft_s"]]
+            outs, ref_outs = runs[0]["outputs"], ref_runs[0]["outputs"] if ref_runs else []
+            rows.append(
+                Row(
+                    method=m["method"], workload=name, kind=kind, concurrency=conc,
+                    requests=len(outs), tokens=sum(len(o) for o in outs),
+                    mat=gen / (gen - acc) if gen > acc else math.nan,
+                    acceptance=acc / drafted if drafted else math.nan,
+                    draft_per_step=drafted / drafts if drafts else 0.0,
+                    tok_s=mean(_tps(r) for r in runs),
+                    speedup=mean(ratios) if ratios else math.nan,
+                    speedup_min=min(ratios) if ratios else math.nan,
+                    speedup_max=max(ratios) if ratios else math.nan,
+                    ttft_ms=1e3 * mean(ttfts) if ttfts else math.nan,
+                    step_ms=1e3 * _sum(runs, "timers", "step_s") / steps if steps else math.nan,
+                    propose_ms=1e3 * _sum(runs, "timers", "propose_s") / steps if steps else math.nan,
+                    verify_ms=1e3 * _sum(runs, "timers", "verify_s") / steps if steps else math.nan,
+                    exact=sum(a == b for a, b in zip(outs, ref_outs)),
+                    compared=min(len(outs), len(ref_outs)),
+                )
+            )
+    return rows
+
+
+def to_csv(rows: list[Row]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(COLUMNS)
+    for r in rows:
+        w.writerow(r.as_csv())
+    return buf.getvalue()
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def _table(rows: list[Row], first_col: str) -> list[str]:
+    lines = [
+        f"| method | {first_col} | MAT | accept | draft/step | tok/s | speedup [min, max] | TTFT ms "
+        "| step ms | propose ms/step | verify ms/step | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        where = r.workload if first_col == "category" else str(r.concurrency)
+        speed = f"{_fmt(r.speedup, '.2f')}x [{_fmt(r.speedup_min, '.2f')}, {_fmt(r.speedup_max, '.2f')}]"
+        lines.append(
+            f"| {r.method} | {where} | {_fmt(r.mat, '.2f')} | {_fmt(100 * r.acceptance, '.1f')}% | "
+            f"{_fmt(r.draft_per_step, '.1f')} | {_fmt(r.tok_s, '.1f')} | {speed} | {_fmt(r.ttft_ms, '.0f')} | "
+            f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | {r.exact}/{r.compared} |"
+        )
+    return lines
+
+
+def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> str:
+    plan, env = raw["plan"], raw["environment"]
+    lines = [
+        f"# Benchmark {env.get('date', '')}",
+        "",
+        f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
+        f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
+        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}; {plan['repeats']} repeats; "
+        f"same engine settings for every method (max_model_len {plan['max_model_len']}, "
+        f"eager={plan['enforce_eager']}, prefix caching off, max_num_seqs = max concurrency).",
+        "",
+    ]
+    skipped = [m for m in raw["methods"] if m.get("skip_reason")]
+    for m in skipped:
+        lines.append(f"* **{m['method']}: not run** -- {m['skip_reason']}")
+    if skipped:
+        lines.append("")
+    cat = [r for r in rows if r.kind == "category"]
+    conc = [r for r in rows if r.kind == "concurrency"]
+    if cat:
+        lines += ["## Batch 1, per prompt category", ""]
+        order = {n: i for i, n in enumerate(plan["categories"])}
+        lines += _table(sorted(cat, key=lambda r: (order.get(r.workload, 99), _method_order(raw, r.method))), "category")
+        lines.append("")
+    if conc:
+        lines += ["## Concurrency sweep (ShareGPT prompts, closed loop)", ""]
+        lines += _table(sorted(conc, key=lambda r: (r.concurrency, _method_order(raw, r.method))), "concurrency")
+        lines.append("")
+    for p in plots:
+        lines += [f"![{Path(p).stem}]({Path(p).name})", ""]
+    lines += [
+        "MAT = generated tokens / target forwards; accept = accepted / drafted tokens (a lookahead tree counts "
+        "every node); speedup = tok/s over no speculation, per repeat, mean [min, max]; exact = completions "
+        "identical to no speculation.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _method_order(raw: dict[str, Any], label: str) -> int:
+    for i, m in enumerate(raw["methods"]):
+        if m["method"] == label:
+            return i
+    return 99
+
+
+def plot(raw: dict[str, Any], rows: list[Row], out_dir: Path) -> list[str]:
+    """speedup_vs_concurrency.png and mat_per_category.png; [] if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written: list[str] = []
+    labels = [m["method"] for m in raw["methods"] if not m.get("skip_reason")]
+    conc = [r for r in rows if r.kind == "concurrency"]
+    if conc:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for label in labels:
+            pts = sorted((r.concurrency, r.speedup, r.speedup_min, r.speedup_max) for r in conc if r.method == label)
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ys = [p[1] for p in pts]
+            err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=label)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r.concurrency for r in conc}))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("requests in flight")
+        ax.set_ylabel("tokens/s vs no speculation")
+        ax.set_title("Speedup vs concurrency (ShareGPT, greedy)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "speedup_vs_concurrency.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    cat = [r for r in rows if r.kind == "category"]
+    spec_labels = [lbl for lbl in labels[1:] if any(r.method == lbl for r in cat)]
+    if cat and spec_labels:
+        cats = [c for c in raw["plan"]["categories"] if any(r.workload == c for r in cat)]
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(spec_labels)
+        for i, label in enumerate(spec_labels):
+            vals = [next((r.mat for r in cat if r.method == label and r.workload == c), math.nan) for c in cats]
+            ax.bar([j + i * width for j in range(len(cats))], vals, width, label=label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))])
+        ax.set_xticklabels(cats)
+        ax.set_ylabel("MAT (tokens per target forward)")
+        ax.set_title("Mean accepted tokens per category (batch 1, greedy)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / "mat_per_category.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def write_report(raw: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """results.md, results.csv and the PNG plots in ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = build_rows(raw)
+    plots = plot(raw, rows, out_dir)
+    md = out_dir / "results.md"
+    md.write_text(to_markdown(raw, rows, plots))
+    csv_path = out_dir / "results.csv"
+    csv_path.write_text(to_csv(rows))
+    return {"markdown": str(md), "csv": str(csv_path), **{Path(p).stem: p for p in plots}}

@@ -1,0 +1,223 @@
+"""The benchmark plan and its execution: every method over the same workloads.
+
+A *workload* is a fixed list of tokenized prompts run at one concurrency:
+
+* one per prompt category at concurrency 1 (``mt_bench``, ``code``, ...);
+* one per concurrency level of the sweep, on ShareGPT prompts
+  (``requests_per_slot x concurrency`` prompts, at least ``min_sweep_requests``).
+
+Methods run one after the other, each in a fresh engine with identical engine
+settings (one engine alive at a time); no speculation always runs first and is
+the reference for speedup and exactness.  Each workload runs ``repeats`` times
+back to back in the same engine.  Raw results are written as JSON after every
+method, so a long run that dies keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_lookahead.bench.methods import Method, parse_method
+from vllm_lookahead.bench.prompts import Prompt, category_prompts, tokenize
+
+
+@dataclass
+class Workload:
+    name: str  # "mt_bench" or "sharegpt@c16"
+    kind: str  # "category" | "concurrency"
+    concurrency: int
+    prompts: list[Prompt]
+    token_ids: list[list[int]]
+
+
+@dataclass
+class Plan:
+    model: str
+    methods: list[str]
+    categories: list[str]
+    prompts_per_category: int = 6
+    concurrency: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
+    requests_per_slot: int = 2
+    min_sweep_requests: int = 8
+    max_tokens: int = 128
+    repeats: int = 2
+    max_prompt_tokens: int = 1536
+    max_model_len: int = 2048
+    enforce_eager: bool = True
+    specbench: str | None = None
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def ordered_methods(self) -> list[Method]:
+        methods = [parse_method(m) for m in self.methods]
+        refs = [m for m in methods if m.speculative_config is None]
+        others = [m for m in methods if m.speculative_config is not None]
+        return [refs[0] if refs else parse_method("none"), *others]
+
+
+def build_workloads(plan: Plan, tokenizer) -> list[Workload]:
+    specbench = Path(plan.specbench) if plan.specbench else None
+    workloads: list[Workload] = []
+    for cat in plan.categories:
+        pairs = tokenize(category_prompts(cat, plan.prompts_per_category, specbench), tokenizer, plan.max_prompt_tokens)
+        workloads.append(Workload(cat, "category", 1, [p for p, _ in pairs], [ids for _, ids in pairs]))
+    if plan.concurrency:
+        counts = {c: max(plan.min_sweep_requests, plan.requests_per_slot * c) for c in plan.concurrency}
+        pool = tokenize(category_prompts("sharegpt", 2 * max(counts.values()) + 16), tokenizer, plan.max_prompt_tokens)
+        for c in plan.concurrency:
+            chosen = pool[: counts[c]]
+            workloads.append(Workload(f"sharegpt@c{c}", "concurrency", c, [p for p, _ in chosen], [ids for _, ids in chosen]))
+    return workloads
+
+
+@dataclass
+class MethodResult:
+    method: str  # label
+    spec: str
+    speculative_config: dict | None
+    skip_reason: str | None = None
+    engine_start_s: float = 0.0
+    # workload name -> list over repeats of RunResult as dicts
+    runs: dict[str, list[dict]] = field(default_factory=dict)
+
+
+def environment() -> dict[str, Any]:
+    import os
+
+    info: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    for mod in ("vllm", "torch"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 -- informational only
+            pass
+    from vllm_lookahead import __version__
+
+    info["vllm_lookahead"] = __version__
+    return info
+
+
+def run_plan(
+    plan: Plan,
+    out_json: Path,
+    progress_factory: Callable[[int], Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run every method over every workload; returns (and writes) the raw results.
+
+    Each method's engine lives in its own process (:mod:`vllm_lookahead.bench.worker`):
+    engines in one process share global state (Prometheus registry, patched
+    kernels), and vLLM's CPU platform cannot start another engine in a process
+    that imported numba (vLLM's ngram drafter does).  The worker's log goes to
+    ``logs/<n>-<method>.log`` next to the results.
+    """
+    from transformers import AutoTokenizer
+
+    methods = plan.ordered_methods()
+    tokenizer = AutoTokenizer.from_pretrained(plan.model)
+    workloads = build_workloads(plan, tokenizer)
+    runnable = [m for m in methods if m.skip_reason is None]
+    total = len(runnable) * plan.repeats * sum(len(w.token_ids) for w in workloads)
+    bar = progress_factory(total) if progress_factory else None
+    raw: dict[str, Any] = {
+        "plan": asdict(plan),
+        "environment": environment(),
+        "workloads": [
+            {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "prompt_ids": [p.prompt_id for p in w.prompts],
+             "prompt_tokens": [len(t) for t in w.token_ids]}
+            for w in workloads
+        ],
+        "methods": [],
+    }
+    logs = out_json.parent / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for index, m in enumerate(methods):
+        result = MethodResult(m.label, m.spec, m.speculative_config, m.skip_reason)
+        raw["methods"].append(result)
+        if m.skip_reason is not None:
+            log(f"skipping {m.label}: {m.skip_reason}")
+            continue
+        job = {
+            "model": plan.model,
+            "label": m.label,
+            "speculative_config": m.speculative_config,
+            "engine": {
+                "max_num_seqs": max([1, *plan.concurrency]),
+                "max_model_len": plan.max_model_len,
+                "enforce_eager": plan.enforce_eager,
+                **plan.engine_overrides,
+            },
+            "max_tokens": plan.max_tokens,
+            "repeats": plan.repeats,
+            "workloads": [
+                {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "token_ids": w.token_ids}
+                for w in workloads
+            ],
+        }
+        slug = "".join(ch if ch.isalnum() else "-" for ch in m.label).strip("-")
+        outcome = _run_worker(job, logs / f"{index}-{slug}", bar)
+        result.engine_start_s = outcome["engine_start_s"]
+        result.runs = outcome["runs"]
+        _write(raw, out_json)
+    if bar is not None:
+        bar.close()
+    _write(raw, out_json)
+    return json.loads(out_json.read_text())
+
+
+def _run_worker(job: dict[str, Any], stem: Path, bar: Any) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    job_path = stem.with_name(stem.name + ".job.json")
+    result_path = stem.with_name(stem.name + ".result.json")
+    log_path = stem.with_name(stem.name + ".log")
+    job_path.write_text(json.dumps(job))
+    result_path.unlink(missing_ok=True)
+    if bar is not None:
+        bar.set_description(f"{job['label']}: starting engine")
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_lookahead.bench.worker", str(job_path), str(result_path)],
+            stdout=subprocess.PIPE, stderr=log_file, text=True,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the worker's protocol: one line per event
+            kind, _, arg = line.strip().partition(" ")
+            if bar is None:
+                continue
+            if kind == "@@workload":
+                bar.set_description(f"{job['label']} | {arg}")
+            elif kind == "@@done":
+                bar.update(1)
+        rc = proc.wait()
+    job_path.unlink(missing_ok=True)
+    if rc != 0 or not result_path.exists():
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"benchmark worker for {job['label']!r} failed (exit {rc}); log {log_path}:\n{tail}")
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    return result
+
+
+def _write(raw: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    serial = {**raw, "methods": [asdict(m) if isinstance(m, MethodResult) else m for m in raw["methods"]]}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(serial))
+    tmp.replace(path)

@@ -1,0 +1,71 @@
+"""One method's engine, run in its own process by :func:`vllm_lookahead.bench.suite.run_plan`.
+
+    python -m vllm_lookahead.bench.worker JOB.json RESULT.json
+
+Reads the job (model, speculative config, engine arguments, workloads as token
+ids, repeats, max_tokens), warms the engine up, runs every workload ``repeats``
+times and writes ``{"engine_start_s", "runs": {workload: [RunResult, ...]}}``.
+Progress goes to stdout, one line per event (``@@workload NAME``, ``@@done``);
+vLLM's own log goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+
+def _say(*parts: str) -> None:
+    print(*parts, flush=True)
+
+
+def run_job(job: dict) -> dict:
+    from vllm_lookahead.bench.driver import BenchEngine
+
+    t0 = time.perf_counter()
+    engine = BenchEngine(job["model"], job["speculative_config"], **job["engine"])
+    start_s = time.perf_counter() - t0
+    runs: dict[str, list[dict]] = {}
+    try:
+        workloads = job["workloads"]
+        _warm_up(engine, workloads, int(job["engine"]["max_num_seqs"]))
+        for w in workloads:
+            _say("@@workload", w["name"])
+            for _ in range(int(job["repeats"])):
+                run = engine.run(w["token_ids"], int(w["concurrency"]), int(job["max_tokens"]),
+                                 on_finish=lambda: _say("@@done"))
+                runs.setdefault(w["name"], []).append(asdict(run))
+    finally:
+        engine.close()
+    return {"engine_start_s": start_s, "runs": runs}
+
+
+def _warm_up(engine, workloads: list[dict], max_c: int) -> None:
+    """One short request, and one full batch at the sweep's largest concurrency."""
+    first = next((w for w in workloads if w["token_ids"]), None)
+    if first is None:
+        return
+    engine.run(first["token_ids"][:1], 1, 16)
+    widest = [w for w in workloads if w["kind"] == "concurrency" and w["concurrency"] == max_c]
+    if widest and max_c > 1:
+        engine.run(widest[0]["token_ids"][:max_c], max_c, 8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    job = json.loads(Path(args[0]).read_text())
+    result = run_job(job)
+    tmp = Path(args[1]).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
