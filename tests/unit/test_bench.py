@@ -138,14 +138,15 @@ def _raw():
 def test_rows_compute_mat_acceptance_speedup_spread_and_exactness():
     rows = {(r.method, r.workload): r for r in build_rows(_raw())}
     ref, la = rows[("no-spec", "code")], rows[("lookahead", "code")]
-    assert ref.mat == 1.0 and ref.speedup == 1.0 and ref.exact == 2
+    assert ref.mat == 1.0 and ref.speedup == 1.0 and (ref.exact, ref.compared) == (4, 4)
     assert la.mat == pytest.approx(16 / 8)  # 16 generated, 8 accepted over both repeats -> 8 forwards
     assert la.acceptance == pytest.approx(8 / 80)
     assert la.draft_per_step == pytest.approx(10.0)
     assert la.tok_s == pytest.approx(16.0)
     assert (la.speedup_min, la.speedup_max) == (pytest.approx(2.0), pytest.approx(4.0))  # per repeat: 16/8, 16/4
     assert la.speedup == pytest.approx(3.0)
-    assert la.exact == 1 and la.compared == 2
+    assert (la.exact, la.compared) == (2, 4)  # per repeat: one of two identical
+    assert (la.requests, la.tokens) == (4, 16)
     assert la.propose_ms == pytest.approx(1.0)  # 8 ms over 8 steps
     assert rows[("lookahead", "sharegpt@c4")].speedup == pytest.approx(0.5)
     assert ("suffix", "code") not in rows
@@ -157,6 +158,7 @@ def test_markdown_csv_and_plots(tmp_path):
     md = to_markdown(raw, rows)
     assert "**suffix: not run** -- not installed" in md
     assert "| lookahead | code | 2.00 | 10.0% | 10.0 | 16.0 | 3.00x [2.00, 4.00] |" in md
+    assert md.rstrip().endswith("no speculation.") and "| 2/4 |" in md
     table = list(csv.reader(io.StringIO(to_csv(rows))))
     assert table[0][:3] == ["method", "workload", "concurrency"] and len(table) == 1 + len(rows)
     paths = write_report(raw, tmp_path)
@@ -171,3 +173,19 @@ def test_report_only_rebuilds_from_json(tmp_path, capsys):
     assert main(["bench", "--report-only", str(src), "--out", str(tmp_path / "out")]) == 0
     assert "## Batch 1, per prompt category" in capsys.readouterr().out
     assert (tmp_path / "out" / "results.csv").exists()
+
+
+def test_workloads_never_reuse_a_prompt(tmp_path):
+    from vllm_lookahead.bench.suite import Plan, build_workloads
+
+    rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(20)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=3, repeats=3,
+                concurrency=[1, 4], min_sweep_requests=2, requests_per_slot=1, specbench=str(path))
+    workloads = build_workloads(plan, _Tok())
+    seen = [p.prompt_id for w in workloads for rep in w.prompts for p in rep]
+    assert len(seen) == len(set(seen)) == 3 * 3 + 3 * (2 + 4)
+    qa = workloads[0]
+    assert [len(rep) for rep in qa.token_ids] == [3, 3, 3] and qa.num_requests == 9
+    assert [w.name for w in workloads] == ["qa", "sharegpt@c1", "sharegpt@c4"]

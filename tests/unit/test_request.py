@@ -405,3 +405,47 @@ def test_context_pools_learn_output_incrementally():
     assert lookahead.candidates([4, 5, 6]) == [(7, 4)]
     assert lookahead.candidates([5, 6, 7, 4]) == [(5, 6)]
     assert lookahead.candidates([6, 7, 4, 5]) == [(6, 8), (6, 7)]
+
+
+def test_recent_shorter_than_the_lookup_context_is_used_whole():
+    params = LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
+    lookahead = RequestLookahead(params, [8, 5, 1, 1, 0, 9, 5, 2, 2], seed=0)
+    # two tokens of context (the request has just started): "8 5" must still rank first
+    draft = lookahead.propose(5, [8, 5], budget=2)
+    assert draft.tree.tokens[1:].tolist() == [1, 1]
+
+
+class _CountingHistory:
+    """A sequence that counts how many of its elements are read."""
+
+    def __init__(self, tokens):
+        self.tokens, self.reads = tokens, 0
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def __getitem__(self, item):
+        got = self.tokens[item]
+        self.reads += len(got) if isinstance(item, slice) else 1
+        return got
+
+
+@pytest.mark.parametrize("length", [50, 200_000])
+def test_per_step_work_does_not_grow_with_history_or_pool(length):
+    """observe/learn read only the tail of the history; propose reads only the last tokens."""
+    params = LookaheadParams(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 500, size=length).tolist()
+    lookahead = RequestLookahead(params, prompt, seed=0)  # a pool holding up to `length` n-grams
+    history = _CountingHistory(prompt + [7])
+    lookahead.learn([7], history)
+    span = params.lookup_context + params.ngram_size - 1
+    assert history.reads <= 1 + span
+    recent = _CountingHistory(history.tokens)
+    draft = lookahead.propose(7, recent[len(recent) - params.lookup_context :], budget=20)
+    assert recent.reads == params.lookup_context
+    accepted = [int(draft.tree.tokens[1]) if draft.tree.size > 1 else 3, 9]
+    history = _CountingHistory(history.tokens + accepted)
+    argmax = np.full(draft.tree.size, 5, dtype=np.int64)
+    lookahead.observe(draft, draft.tree.size, argmax, accepted, history)
+    assert history.reads <= len(accepted) + span

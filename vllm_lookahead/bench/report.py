@@ -15,7 +15,7 @@ Per method and workload (a prompt category at batch 1, or a concurrency level):
 * **propose, verify ms/step** -- wall time per engine step in the drafter
   (``propose_draft_token_ids``) and in sampling/verification (``_sample``), as
   timed in-process by :class:`~vllm_lookahead.bench.driver.StepTimers`.
-* **exact** -- completions token-identical to no speculation (repeat 1 of each).
+* **exact** -- completions token-identical to no speculation (same prompts, same repeat).
 """
 
 from __future__ import annotations
@@ -98,11 +98,12 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
             steps = _sum(runs, "timers", "step_calls")
             ratios = [_tps(r) / _tps(b) for r, b in zip(runs, ref_runs) if _tps(b) > 0]
             ttfts = [t for r in runs for t in r["ttft_s"]]
-            outs, ref_outs = runs[0]["outputs"], ref_runs[0]["outputs"] if ref_runs else []
+            pairs = [(a, b) for r, ref_run in zip(runs, ref_runs) for a, b in zip(r["outputs"], ref_run["outputs"])]
             rows.append(
                 Row(
                     method=m["method"], workload=name, kind=kind, concurrency=conc,
-                    requests=len(outs), tokens=sum(len(o) for o in outs),
+                    requests=sum(len(r["outputs"]) for r in runs),
+                    tokens=sum(len(o) for r in runs for o in r["outputs"]),
                     mat=gen / (gen - acc) if gen > acc else math.nan,
                     acceptance=acc / drafted if drafted else math.nan,
                     draft_per_step=drafted / drafts if drafts else 0.0,
@@ -114,8 +115,8 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     step_ms=1e3 * _sum(runs, "timers", "step_s") / steps if steps else math.nan,
                     propose_ms=1e3 * _sum(runs, "timers", "propose_s") / steps if steps else math.nan,
                     verify_ms=1e3 * _sum(runs, "timers", "verify_s") / steps if steps else math.nan,
-                    exact=sum(a == b for a, b in zip(outs, ref_outs)),
-                    compared=min(len(outs), len(ref_outs)),
+                    exact=sum(a == b for a, b in pairs),
+                    compared=len(pairs),
                 )
             )
     return rows
@@ -158,7 +159,8 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
         f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
-        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}; {plan['repeats']} repeats; "
+        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}; {plan['repeats']} repeats, "
+        "each on its own prompts (no prompt is seen twice by an engine); "
         f"same engine settings for every method (max_model_len {plan['max_model_len']}, "
         f"eager={plan['enforce_eager']}, prefix caching off, max_num_seqs = max concurrency).",
         "",

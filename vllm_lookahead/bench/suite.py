@@ -6,10 +6,15 @@ A *workload* is a fixed list of tokenized prompts run at one concurrency:
 * one per concurrency level of the sweep, on ShareGPT prompts
   (``requests_per_slot x concurrency`` prompts, at least ``min_sweep_requests``).
 
+No prompt is used twice in a run: every workload and every repeat gets its own
+prompts (repeat ``r`` of every method gets the same ones).  Drafters that learn
+across requests (vLLM's ``suffix``) would otherwise be measured copying their
+own earlier answers.  The warm-up prompt is not in any workload either.
+
 Methods run one after the other, each in a fresh engine with identical engine
 settings (one engine alive at a time); no speculation always runs first and is
 the reference for speedup and exactness.  Each workload runs ``repeats`` times
-back to back in the same engine.  Raw results are written as JSON after every
+back to back in the same engine, each time on fresh prompts.  Raw results are written as JSON after every
 method, so a long run that dies keeps what it measured.
 """
 
@@ -26,13 +31,25 @@ from vllm_lookahead.bench.methods import Method, parse_method
 from vllm_lookahead.bench.prompts import Prompt, category_prompts, tokenize
 
 
+WARMUP_TEXT = "Say hello and name three colours."
+
+
 @dataclass
 class Workload:
     name: str  # "mt_bench" or "sharegpt@c16"
     kind: str  # "category" | "concurrency"
     concurrency: int
-    prompts: list[Prompt]
-    token_ids: list[list[int]]
+    prompts: list[list[Prompt]]  # per repeat
+    token_ids: list[list[list[int]]]  # per repeat, per prompt
+
+    @property
+    def num_requests(self) -> int:
+        return sum(len(r) for r in self.token_ids)
+
+
+def _split(pairs: list, size: int, repeats: int) -> tuple[list[list[Prompt]], list[list[list[int]]]]:
+    chunks = [pairs[r * size : (r + 1) * size] for r in range(repeats)]
+    return [[p for p, _ in c] for c in chunks], [[ids for _, ids in c] for c in chunks]
 
 
 @dataclass
@@ -61,16 +78,28 @@ class Plan:
 
 def build_workloads(plan: Plan, tokenizer) -> list[Workload]:
     specbench = Path(plan.specbench) if plan.specbench else None
+    per, reps = plan.prompts_per_category, plan.repeats
     workloads: list[Workload] = []
     for cat in plan.categories:
-        pairs = tokenize(category_prompts(cat, plan.prompts_per_category, specbench), tokenizer, plan.max_prompt_tokens)
-        workloads.append(Workload(cat, "category", 1, [p for p, _ in pairs], [ids for _, ids in pairs]))
+        pairs = tokenize(category_prompts(cat, per * reps, specbench), tokenizer, plan.max_prompt_tokens)
+        if len(pairs) < per * reps:
+            per_rep = len(pairs) // reps  # a small category: fewer prompts per repeat, still disjoint
+        else:
+            per_rep = per
+        prompts, ids = _split(pairs, per_rep, reps)
+        workloads.append(Workload(cat, "category", 1, prompts, ids))
     if plan.concurrency:
         counts = {c: max(plan.min_sweep_requests, plan.requests_per_slot * c) for c in plan.concurrency}
-        pool = tokenize(category_prompts("sharegpt", 2 * max(counts.values()) + 16), tokenizer, plan.max_prompt_tokens)
+        need = reps * sum(counts.values())
+        pool = tokenize(category_prompts("sharegpt", 2 * need + 16), tokenizer, plan.max_prompt_tokens)
+        if len(pool) < need:
+            raise RuntimeError(f"only {len(pool)} usable ShareGPT prompts, the sweep needs {need}")
+        cursor = 0
         for c in plan.concurrency:
-            chosen = pool[: counts[c]]
-            workloads.append(Workload(f"sharegpt@c{c}", "concurrency", c, [p for p, _ in chosen], [ids for _, ids in chosen]))
+            chunk = pool[cursor : cursor + reps * counts[c]]
+            cursor += reps * counts[c]
+            prompts, ids = _split(chunk, counts[c], reps)
+            workloads.append(Workload(f"sharegpt@c{c}", "concurrency", c, prompts, ids))
     return workloads
 
 
@@ -132,14 +161,16 @@ def run_plan(
     tokenizer = AutoTokenizer.from_pretrained(plan.model)
     workloads = build_workloads(plan, tokenizer)
     runnable = [m for m in methods if m.skip_reason is None]
-    total = len(runnable) * plan.repeats * sum(len(w.token_ids) for w in workloads)
+    total = len(runnable) * sum(w.num_requests for w in workloads)
+    warmup = tokenize([Prompt("warmup", "warmup", WARMUP_TEXT)], tokenizer, plan.max_prompt_tokens)[0][1]
     bar = progress_factory(total) if progress_factory else None
     raw: dict[str, Any] = {
         "plan": asdict(plan),
         "environment": environment(),
         "workloads": [
-            {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "prompt_ids": [p.prompt_id for p in w.prompts],
-             "prompt_tokens": [len(t) for t in w.token_ids]}
+            {"name": w.name, "kind": w.kind, "concurrency": w.concurrency,
+             "prompt_ids": [[p.prompt_id for p in rep] for rep in w.prompts],
+             "prompt_tokens": [[len(t) for t in rep] for rep in w.token_ids]}
             for w in workloads
         ],
         "methods": [],
@@ -163,9 +194,9 @@ def run_plan(
                 **plan.engine_overrides,
             },
             "max_tokens": plan.max_tokens,
-            "repeats": plan.repeats,
+            "warmup": warmup,
             "workloads": [
-                {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "token_ids": w.token_ids}
+                {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": w.token_ids}
                 for w in workloads
             ],
         }

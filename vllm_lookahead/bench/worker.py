@@ -2,9 +2,9 @@
 
     python -m vllm_lookahead.bench.worker JOB.json RESULT.json
 
-Reads the job (model, speculative config, engine arguments, workloads as token
-ids, repeats, max_tokens), warms the engine up, runs every workload ``repeats``
-times and writes ``{"engine_start_s", "runs": {workload: [RunResult, ...]}}``.
+Reads the job (model, speculative config, engine arguments, a warm-up prompt,
+workloads as token ids per repeat, max_tokens), warms the engine up, runs every
+workload once per repeat (each repeat on its own prompts) and writes ``{"engine_start_s", "runs": {workload: [RunResult, ...]}}``.
 Progress goes to stdout, one line per event (``@@workload NAME``, ``@@done``);
 vLLM's own log goes to stderr.
 """
@@ -31,11 +31,11 @@ def run_job(job: dict) -> dict:
     runs: dict[str, list[dict]] = {}
     try:
         workloads = job["workloads"]
-        _warm_up(engine, workloads, int(job["engine"]["max_num_seqs"]))
+        _warm_up(engine, job["warmup"], int(job["engine"]["max_num_seqs"]))
         for w in workloads:
             _say("@@workload", w["name"])
-            for _ in range(int(job["repeats"])):
-                run = engine.run(w["token_ids"], int(w["concurrency"]), int(job["max_tokens"]),
+            for prompts in w["repeats"]:
+                run = engine.run(prompts, int(w["concurrency"]), int(job["max_tokens"]),
                                  on_finish=lambda: _say("@@done"))
                 runs.setdefault(w["name"], []).append(asdict(run))
     finally:
@@ -43,15 +43,11 @@ def run_job(job: dict) -> dict:
     return {"engine_start_s": start_s, "runs": runs}
 
 
-def _warm_up(engine, workloads: list[dict], max_c: int) -> None:
-    """One short request, and one full batch at the sweep's largest concurrency."""
-    first = next((w for w in workloads if w["token_ids"]), None)
-    if first is None:
-        return
-    engine.run(first["token_ids"][:1], 1, 16)
-    widest = [w for w in workloads if w["kind"] == "concurrency" and w["concurrency"] == max_c]
-    if widest and max_c > 1:
-        engine.run(widest[0]["token_ids"][:max_c], max_c, 8)
+def _warm_up(engine, prompt: list[int], max_c: int) -> None:
+    """One short request, then the largest batch the sweep will run (a prompt no workload uses)."""
+    engine.run([prompt], 1, 16)
+    if max_c > 1:
+        engine.run([prompt] * max_c, max_c, 8)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,7 +140,7 @@ class RequestLookahead:
         """
         params = self.params
         builder = TreeBuilder(root_token)
-        recent = list(recent[len(recent) - params.lookup_context :]) if len(recent) else []
+        recent = [int(t) for t in recent[max(0, len(recent) - params.lookup_context) :]]
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = budget if budget is not None else 1 << 30

@@ -14,10 +14,11 @@ of tree-carrying requests with the tree mask:
 The root row keeps vLLM's own result (causal is already right for it), and so
 do the draft rows of a tree's leading chain (the first candidate below the
 root: its causal view is its tree view); a step whose trees are all chains --
-one candidate, no window -- runs vLLM's kernels only.  Requests without drafts are untouched, so plain decoding keeps vLLM's kernels.
-The path is plain torch (two matmuls and a softmax, grouped-query heads stacked
-rather than K/V expanded), so it runs
-on CPU and, with the FlashAttention cache layout, on GPU (not measured here).
+one candidate, no window -- runs vLLM's kernels only.  Requests without drafts
+are untouched, so plain decoding keeps vLLM's kernels.  The path is plain torch
+(two matmuls and a softmax; grouped-query heads are stacked as extra query rows
+rather than K/V expanded), so it runs on CPU and, with the FlashAttention cache
+layout, on GPU (not measured here).
 
 The wrapper is installed on the backend's ``AttentionImpl.forward`` (see
 :mod:`vllm_lookahead.engine.patches`) and is inert unless the runner has set an
