@@ -36,8 +36,11 @@ FIELD_RANGES: dict[str, str] = {
     "max_tokens_per_step": "'auto' or an integer in [0, 65536] (0 = no cap)",
 }
 
-# What max_tokens_per_step="auto" means per platform (see docs/results.md for the CPU figure).
-AUTO_TOKENS_PER_STEP = {"cpu": 12, "default": 0}
+# What max_tokens_per_step="auto" means per platform (see docs/results.md for the CPU figures).
+# On CPU "auto" also limits each request to one candidate chain (N-1 tokens): a chain runs on
+# vLLM's own causal kernel, while a branching tree pays the tree-attention pass every layer.
+AUTO_TOKENS_PER_STEP = {"cpu": 24, "default": 0}
+AUTO_CHAIN_ONLY = {"cpu": True, "default": False}
 
 
 class LookaheadConfigError(ValueError):
@@ -75,7 +78,8 @@ class LookaheadConfig(BaseModel):
         "auto",
         description="cap on the tokens one forward carries for decoding requests (one each plus "
         "their drafts); drafts are cut to fit, equally per request. 0 = no cap; 'auto' = the "
-        "measured value for the platform (CPU: 12; GPU: no cap)",
+        "measured value for the platform (CPU: 24, and one candidate chain per request; "
+        "GPU: no cap)",
     )
 
     def tokens_per_step_cap(self, platform: str) -> int:
@@ -83,6 +87,12 @@ class LookaheadConfig(BaseModel):
         if self.max_tokens_per_step == "auto":
             return AUTO_TOKENS_PER_STEP.get(platform, AUTO_TOKENS_PER_STEP["default"])
         return int(self.max_tokens_per_step)
+
+    def draft_limit_per_request(self, platform: str) -> int | None:
+        """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
+        if self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"]):
+            return self.ngram_size - 1
+        return None
 
     @property
     def max_draft_tokens(self) -> int:

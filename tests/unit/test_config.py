@@ -44,6 +44,9 @@ def test_step_cap_auto_per_platform_and_explicit():
     assert auto.max_tokens_per_step == "auto"
     assert auto.tokens_per_step_cap("cpu") == AUTO_TOKENS_PER_STEP["cpu"] > 0
     assert auto.tokens_per_step_cap("cuda") == 0  # no cap where it has not been measured
+    assert auto.draft_limit_per_request("cpu") == auto.ngram_size - 1  # one candidate chain
+    assert auto.draft_limit_per_request("cuda") is None
+    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 24}).draft_limit_per_request("cpu") is None
     assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 0}).tokens_per_step_cap("cpu") == 0
     assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 40}).tokens_per_step_cap("cuda") == 40
     assert set(FIELD_RANGES) == set(LookaheadConfig.model_fields)
@@ -53,3 +56,15 @@ def test_step_cap_auto_per_platform_and_explicit():
     with pytest.raises(LookaheadConfigError, match=r"lookup_context' = 0 .*\[1, 8\]"):
         LookaheadConfig.from_user_dict({"lookup_context": 0})
     assert LookaheadConfig.from_user_dict({"lookup_context": 3}).to_core_params().lookup_context == 3
+
+
+def test_shipped_configs_are_valid():
+    import json
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.json"))
+    assert files
+    for f in files:
+        spec = json.loads(f.read_text())
+        assert spec["method"] == "lookahead"
+        LookaheadConfig.from_user_dict(spec)

@@ -50,7 +50,9 @@ class LookaheadProposer:
         self.config = LookaheadConfig.model_validate(raw or {}, strict=False)
         self.params = self.config.to_core_params()
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.step_token_cap = self.config.tokens_per_step_cap(_device_type(vllm_config))
+        device = _device_type(vllm_config)
+        self.step_token_cap = self.config.tokens_per_step_cap(device)
+        self.per_request_limit = self.config.draft_limit_per_request(device)
         self.states: dict[str, RequestLookahead] = {}
         self.pending: dict[str, StepDraft] = {}
         self.outcomes: dict[str, StepOutcome] = {}
@@ -105,9 +107,11 @@ class LookaheadProposer:
     # -- helpers ---------------------------------------------------------------------
     def _budget_per_request(self, num_decoding: int) -> int | None:
         """Draft nodes each request may add so the forward stays within the step cap."""
-        if not self.step_token_cap or num_decoding <= 0:
-            return None
-        return max(0, (self.step_token_cap - num_decoding) // num_decoding)
+        budget = self.per_request_limit
+        if self.step_token_cap and num_decoding > 0:
+            share = max(0, (self.step_token_cap - num_decoding) // num_decoding)
+            budget = share if budget is None else min(budget, share)
+        return budget
 
     def _next_draft(
         self,
