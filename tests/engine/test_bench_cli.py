@@ -45,8 +45,8 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         assert r["exact"] == r["compared"] and int(r["compared"]) > 0, (method, workload)
         assert float(r["tok_s"]) > 0 and float(r["ttft_ms"]) > 0
     la = by[("lookahead W3 N3 G3", "code")]
-    # the toy model loops, so the pool verifies several tokens per forward
-    assert float(la["MAT"]) > 1.5 and float(la["draft_per_step"]) > 1
+    # the toy model loops, so the pool verifies drafts (on CPU "auto" drafts one 2-token chain)
+    assert float(la["MAT"]) > 1.2 and float(la["draft_per_step"]) == 2.0
     assert float(la["propose_ms"]) > 0
     assert float(by[("no-spec", "code")]["MAT"]) == 1.0
     for png in ("speedup_vs_concurrency.png", "mat_per_category.png"):
