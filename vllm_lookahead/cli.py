@@ -343,12 +343,14 @@ def _build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="vllm-lookahead",
+        allow_abbrev=False,
         description="Lookahead Decoding for vLLM: model preparation, serving and tools.",
     )
     parser.add_argument("--version", action="version", version=f"vllm-lookahead {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for sub in SUBCOMMANDS.values():
-        sp = subs.add_parser(sub.name, help=sub.help, description=sub.description or sub.help)
+        # no abbreviations: `--requests` must not silently mean `--requests-per-slot`
+        sp = subs.add_parser(sub.name, help=sub.help, description=sub.description or sub.help, allow_abbrev=False)
         if sub.passthrough:
             sp.add_argument("passthrough", nargs=argparse.REMAINDER, help="arguments passed through")
         elif sub.add_arguments is not None:

@@ -189,3 +189,9 @@ def test_workloads_never_reuse_a_prompt(tmp_path):
     qa = workloads[0]
     assert [len(rep) for rep in qa.token_ids] == [3, 3, 3] and qa.num_requests == 9
     assert [w.name for w in workloads] == ["qa", "sharegpt@c1", "sharegpt@c4"]
+
+
+def test_bench_options_are_not_abbreviated(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--requests", "7"])  # would otherwise mean --requests-per-slot
+    assert exc.value.code == 2
