@@ -46,7 +46,6 @@ def test_batched_tree_attention_matches_per_request_reference(backend, seed, mon
     for i, (ctx, n) in enumerate(zip(contexts, sizes)):
         tree = _random_tree(rng, n)
         tr = TreeRequest(i + 1, f"r{i}", tree, None, start, ctx, tree.logit_rows())
-        tr.mask = draft_rows_mask(tree, ctx)
         requests.append(tr)
         start += n
     tokens = start
@@ -75,7 +74,7 @@ def test_batched_tree_attention_matches_per_request_reference(backend, seed, mon
 
     expected = out.clone().view(tokens, heads, d)
     for tr in requests:
-        expected[tr.token_start + 1 : tr.token_start + tr.num_nodes] = attend(tr, tr.mask)
+        expected[tr.token_start + 1 : tr.token_start + tr.num_nodes] = attend(tr, draft_rows_mask(tr.tree, tr.context_len))
 
     attention._fix_draft_rows(impl, query, None, cache, meta, out, batch)
     torch.testing.assert_close(out.view(tokens, heads, d), expected, rtol=1e-5, atol=1e-5)
@@ -89,9 +88,9 @@ def test_chains_need_no_recomputation(monkeypatch):
     chain.add_chain(0, [2, 3, 4], True)
     tree = chain.build()
     tr = TreeRequest(0, "r", tree, None, 0, 10, tree.logit_rows())
-    tr.mask = draft_rows_mask(tree, 10)
     assert tr.first_branch_node == 4
     batch = TreeBatch([tr], torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    assert not batch.needs_tree_attention
     assert batch.padded_draft_rows(torch.zeros(1, 4, dtype=torch.int32), 16) is None
     branched = TreeBuilder(1)
     branched.add_chain(0, [2, 3], True)

@@ -88,13 +88,13 @@ def wrap_forward(original: Callable) -> Callable:
 
 def _fix_draft_rows(impl, query, key, kv_cache, attn_metadata, output, batch: TreeBatch) -> None:
     global _LAYOUT_CHECKED
+    if not batch.needs_tree_attention:  # every tree is a chain: vLLM's causal result is exact
+        return
     heads, head_size = impl.num_heads, impl.head_size
     q_all = query.view(-1, heads, head_size)
     out_all = output.view(output.shape[0], heads, -1)
     block_size = kv_views(kv_cache, _BACKEND)[0].shape[2]
     rows = batch.padded_draft_rows(attn_metadata.block_table, block_size)
-    if rows is None:  # every tree is a chain: vLLM's causal result is exact
-        return
     R, Q, NB = rows.num_requests, rows.max_queries, rows.num_blocks
     k_blocks, v_blocks = gather_blocks(kv_cache, _BACKEND, rows.block_ids)  # [R*NB, Hkv, bs, D]
     hkv = k_blocks.shape[1]

@@ -18,6 +18,7 @@ Only torch and numpy here; the runner patches feed it vLLM's arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -34,13 +35,12 @@ class TreeRequest:
     token_start: int      # row of the root in the flattened token batch
     context_len: int      # tokens whose KV precede the root (= vLLM num_computed_tokens)
     logit_nodes: np.ndarray  # node ids whose logits are computed, ascending
-    mask: torch.Tensor | None = None  # bool (n-1, context_len+n): draft rows' visibility
 
     @property
     def num_nodes(self) -> int:
         return self.tree.size
 
-    @property
+    @cached_property
     def first_branch_node(self) -> int:
         """First node whose ancestors are not all earlier nodes (``num_nodes`` for a chain).
 
@@ -60,6 +60,11 @@ class TreeBatch:
     tree_logit_rows: torch.Tensor  # logits rows of all tree nodes with logits, request by request
     slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
     _padded: dict | None = None
+
+    @cached_property
+    def needs_tree_attention(self) -> bool:
+        """Whether any draft row needs the tree mask (False when every tree is a chain)."""
+        return any(tr.first_branch_node < tr.num_nodes for tr in self.requests)
 
     def padded_draft_rows(self, block_table: torch.Tensor, block_size: int) -> "PaddedDraftRows | None":
         """The draft rows that need the tree mask, as one padded attention problem.
@@ -157,8 +162,6 @@ def build_tree_batch(
         cursor += len(nodes)
     if not requests:
         return None
-    for tr in requests:
-        tr.mask = draft_rows_mask(tr.tree, tr.context_len).to(device)
     return TreeBatch(
         requests=requests,
         logits_indices=torch.from_numpy(np.concatenate(logits_rows)).to(device),
@@ -235,7 +238,7 @@ class PaddedDraftRows:
             q = tr.num_nodes - first
             query_rows[r, :] = tr.token_start  # padding rows read the root row (harmless, dropped)
             query_rows[r, :q] = tr.token_start + np.arange(first, tr.num_nodes)
-            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = tr.mask[first - 1 :]
+            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = draft_rows_mask(tr.tree, tr.context_len)[first - 1 :]
             mask[r, 0, q:, 0] = True
             valid.append(r * Q + np.arange(q))
             out_rows.append(query_rows[r, :q])
