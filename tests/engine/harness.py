@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_lookahead.bench.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
+
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SPECBENCH = SHARED / "data" / "specbench" / "questions.jsonl"
 
@@ -86,12 +88,7 @@ class Engine:
         return out
 
     def metrics(self) -> dict[str, float]:
-        result: dict[str, float] = {}
-        for m in self.llm.get_metrics():
-            value = getattr(m, "value", None)
-            if isinstance(value, (int, float)):
-                result[m.name] = result.get(m.name, 0.0) + float(value)
-        return result
+        return engine_metrics(self.llm)
 
     def close(self) -> None:
         try:
@@ -114,15 +111,3 @@ def compare(baseline: list[Completion], candidate: list[Completion], label: str)
         if not (gap <= TIE_TOLERANCE):
             failures.append(line)
     return report, failures
-
-
-def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Counters accumulated between two snapshots (Prometheus counters are process-global)."""
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
-
-
-def mean_accepted_tokens(metrics: dict[str, float]) -> float:
-    """MAT = generated tokens / target forwards; every forward yields exactly one non-draft token."""
-    gen = metrics.get("vllm:generation_tokens", 0.0)
-    acc = metrics.get("vllm:spec_decode_num_accepted_tokens", 0.0)
-    return gen / (gen - acc) if gen > acc else math.nan

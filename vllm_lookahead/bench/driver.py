@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from vllm_lookahead.bench.counters import counter_delta, engine_metrics
+
 ENGINE_DEFAULTS: dict[str, Any] = dict(
     dtype="float32",
     gpu_memory_utilization=0.3,
@@ -102,10 +104,6 @@ class RunResult:
         return sum(len(o) for o in self.outputs)
 
 
-def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
-
-
 class BenchEngine:
     """An in-process LLM with step timers; :meth:`close` frees it for the next method."""
 
@@ -126,12 +124,7 @@ class BenchEngine:
         return self.llm.get_tokenizer()
 
     def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for m in self.llm.get_metrics():
-            value = getattr(m, "value", None)
-            if isinstance(value, (int, float)):
-                out[m.name] = out.get(m.name, 0.0) + float(value)
-        return out
+        return engine_metrics(self.llm)
 
     def run(
         self,
@@ -183,8 +176,8 @@ class BenchEngine:
             ttft_s=[f - a for f, a in zip(first, added)],
             latency_s=[d - a for d, a in zip(done, added)],
             outputs=outputs,
-            counters=_delta(before_m, self.metrics()),
-            timers=_delta(before_t, self.timers.snapshot()),
+            counters=counter_delta(before_m, self.metrics()),
+            timers=counter_delta(before_t, self.timers.snapshot()),
         )
 
     def close(self) -> None:

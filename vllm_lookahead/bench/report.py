@@ -28,6 +28,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from vllm_lookahead.bench.counters import mean_accepted_tokens
+
 COLUMNS = (
     "method", "workload", "concurrency", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
     "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "propose_ms", "verify_ms",
@@ -104,7 +106,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     method=m["method"], workload=name, kind=kind, concurrency=conc,
                     requests=sum(len(r["outputs"]) for r in runs),
                     tokens=sum(len(o) for r in runs for o in r["outputs"]),
-                    mat=gen / (gen - acc) if gen > acc else math.nan,
+                    mat=mean_accepted_tokens({"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc}),
                     acceptance=acc / drafted if drafted else math.nan,
                     draft_per_step=drafted / drafts if drafts else 0.0,
                     tok_s=mean(_tps(r) for r in runs),
@@ -228,12 +230,7 @@ def plot(raw: dict[str, Any], rows: list[Row], out_dir: Path) -> list[str]:
         ax.set_xlabel("requests in flight")
         ax.set_ylabel("tokens/s vs no speculation")
         ax.set_title("Speedup vs concurrency (ShareGPT, greedy)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "speedup_vs_concurrency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, ax, out_dir / "speedup_vs_concurrency.png"))
     cat = [r for r in rows if r.kind == "category"]
     spec_labels = [lbl for lbl in labels[1:] if any(r.method == lbl for r in cat)]
     if cat and spec_labels:
@@ -247,13 +244,16 @@ def plot(raw: dict[str, Any], rows: list[Row], out_dir: Path) -> list[str]:
         ax.set_xticklabels(cats)
         ax.set_ylabel("MAT (tokens per target forward)")
         ax.set_title("Mean accepted tokens per category (batch 1, greedy)")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "mat_per_category.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(plt, fig, ax, out_dir / "mat_per_category.png"))
     return written
+
+
+def _save(plt, fig, ax, path: Path) -> str:
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def write_report(raw: dict[str, Any], out_dir: Path) -> dict[str, str]:
