@@ -11,7 +11,7 @@ import pytest
 
 from vllm_lookahead.bench import prompts as P
 from vllm_lookahead.bench.methods import parse_method
-from vllm_lookahead.bench.report import build_rows, to_csv, to_markdown, write_report
+from vllm_lookahead.bench.report import build_rows, step_breakdown, to_csv, to_markdown, write_report
 from vllm_lookahead.cli import main
 
 # -- prompts ---------------------------------------------------------------------------
@@ -165,6 +165,53 @@ def test_markdown_csv_and_plots(tmp_path):
     for key in ("markdown", "csv", "speedup_vs_concurrency", "mat_per_category"):
         assert (tmp_path / paths[key].split("/")[-1]).stat().st_size > 0
     assert not math.isnan(rows[0].tok_s)
+
+
+def _timed(run, engine_s, forward, sample, shapes):
+    """Give a run the step timers of the breakdown table: shapes = {tokens: (calls, seconds)}."""
+    run["timers"].update({"engine_step_s": engine_s, "engine_step_calls": 4.0, "step_s": forward, "sample_s": sample})
+    for tokens, (calls, sec) in shapes.items():
+        run["timers"][f"forward{tokens}_calls"], run["timers"][f"forward{tokens}_s"] = calls, sec
+    return run
+
+
+def test_step_breakdown_splits_engine_steps_and_compares_equal_shapes():
+    raw = _raw()
+    ref, la = raw["methods"][0]["runs"]["code"], raw["methods"][2]["runs"]["code"]
+    for r in ref:
+        _timed(r, 0.4, 0.3, 0.04, {1: (4, 0.3)})
+    for r in la:
+        _timed(r, 0.8, 0.6, 0.12, {1: (1, 0.05), 5: (3, 0.55)})
+    lines = step_breakdown(raw)
+    assert "**batch 1 (all categories)**" in lines
+    header = next(line for line in lines if line.startswith("| method | engine step ms"))
+    assert header.endswith("| forward @ 1 | forward @ 5 |")  # the shapes seen most, in token order
+    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| no-spec") or line.startswith("| lookahead")}
+    # no-spec: 8 engine steps over 0.8 s -> 100 ms: forward 75, sample 10, rest 15; 75 ms per 1-token forward
+    assert row["no-spec"].startswith("| no-spec | 100.0 | 75.0 | 10.0 | ") and row["no-spec"].endswith("| 15.0 | 75.0 (8) | - |")
+    # lookahead: 200 ms per step = 150 forward + 30 sample + 20 rest; 50 ms at 1 token, 183.3 at 5
+    assert row["lookahead"].endswith("| 20.0 | 50.0 (2) | 183.3 (6) |")
+    assert "## Where a step's time goes" in to_markdown(raw, build_rows(raw))
+
+
+def test_step_breakdown_is_left_out_for_results_without_step_timers():
+    assert step_breakdown(_raw()) == []
+
+
+def test_step_timers_keep_forward_time_per_shape():
+    from types import SimpleNamespace
+
+    from vllm_lookahead.bench.driver import StepTimers
+
+    timers = StepTimers()
+    forward = timers._wrap("step", lambda runner, out: None)
+    for tokens in (1, 5, 5):
+        forward(object(), SimpleNamespace(total_num_scheduled_tokens=tokens))
+    snap = timers.snapshot()
+    assert (snap["step_calls"], snap["forward1_calls"], snap["forward5_calls"]) == (3, 1.0, 2.0)
+    assert snap["forward1_s"] + snap["forward5_s"] == pytest.approx(snap["step_s"])
+    timers._wrap("verify", lambda runner, logits: None)(object(), SimpleNamespace(total_num_scheduled_tokens=9))
+    assert "forward9_calls" not in timers.snapshot()  # only the forward is kept per shape
 
 
 def test_report_only_rebuilds_from_json(tmp_path, capsys):

@@ -12,7 +12,15 @@ wrappers, so the columns compare like with like:
   tree verification and KV compaction;
 * ``prepare``: ``_prepare_inputs`` -- vLLM's input preparation (plus the tree
   batch for lookahead);
-* ``step``: ``execute_model`` -- the whole step including the forward.
+* ``step``: ``execute_model`` -- input preparation and the model forward (also
+  kept per number of tokens in the forward, so methods can be compared at equal
+  shapes: :attr:`StepTimers.forward_by_tokens`);
+* ``sample``: ``sample_tokens`` -- everything after the forward in the runner:
+  ``verify``, ``propose`` and vLLM's output bookkeeping.
+
+:meth:`BenchEngine.run` also times each whole engine step (``engine.step()``:
+scheduler, runner, output processing), so what is neither forward nor sampling
+-- the scheduler and output processing -- is the remainder.
 
 :meth:`BenchEngine.run` keeps ``concurrency`` requests in flight (a new one is
 added as soon as one finishes), greedy, and records per request the time to the
@@ -43,6 +51,7 @@ TIMED_METHODS = {
     "prepare": "_prepare_inputs",
     "propose": "propose_draft_token_ids",
     "verify": "_sample",
+    "sample": "sample_tokens",
 }
 
 
@@ -52,6 +61,8 @@ class StepTimers:
     def __init__(self) -> None:
         self.seconds = {k: 0.0 for k in TIMED_METHODS}
         self.calls = {k: 0 for k in TIMED_METHODS}
+        # tokens in the forward -> [calls, seconds] of execute_model
+        self.forward_by_tokens: dict[int, list[float]] = {}
         self._originals: dict[str, Callable] = {}
 
     def install(self) -> None:
@@ -70,21 +81,35 @@ class StepTimers:
         self._originals.clear()
 
     def _wrap(self, key: str, original: Callable) -> Callable:
-        seconds, calls = self.seconds, self.calls
+        seconds, calls, by_tokens = self.seconds, self.calls, self.forward_by_tokens
+        keep_shape = key == "step"
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                seconds[key] += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                seconds[key] += dt
                 calls[key] += 1
+                if keep_shape and len(args) > 1:
+                    tokens = int(getattr(args[1], "total_num_scheduled_tokens", 0) or 0)
+                    if tokens:
+                        entry = by_tokens.setdefault(tokens, [0, 0.0])
+                        entry[0] += 1
+                        entry[1] += dt
 
         timed.__wrapped__ = original  # type: ignore[attr-defined]
         return timed
 
     def snapshot(self) -> dict[str, float]:
-        return {**{f"{k}_s": v for k, v in self.seconds.items()}, **{f"{k}_calls": v for k, v in self.calls.items()}}
+        """Flat counters: ``<key>_s``, ``<key>_calls`` and ``forward<T>_s`` / ``forward<T>_calls``
+        per number of tokens T in the forward (differences of two snapshots are a run's)."""
+        out = {**{f"{k}_s": v for k, v in self.seconds.items()}, **{f"{k}_calls": v for k, v in self.calls.items()}}
+        for tokens, (n, sec) in self.forward_by_tokens.items():
+            out[f"forward{tokens}_calls"] = float(n)
+            out[f"forward{tokens}_s"] = sec
+        return out
 
 
 @dataclass
@@ -147,6 +172,7 @@ class BenchEngine:
         next_prompt = 0
         in_flight = 0
         before_m, before_t = self.metrics(), self.timers.snapshot()
+        engine_steps, engine_step_s = 0, 0.0
         t_start = time.perf_counter()
         while next_prompt < n or in_flight:
             while in_flight < concurrency and next_prompt < n:
@@ -157,7 +183,11 @@ class BenchEngine:
                 engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompts[next_prompt])), params)
                 next_prompt += 1
                 in_flight += 1
-            for out in engine.step():
+            t_step = time.perf_counter()
+            step_outputs = engine.step()
+            engine_step_s += time.perf_counter() - t_step
+            engine_steps += 1
+            for out in step_outputs:
                 i = index_of.get(out.request_id)
                 if i is None:
                     continue
@@ -177,7 +207,11 @@ class BenchEngine:
             latency_s=[d - a for d, a in zip(done, added)],
             outputs=outputs,
             counters=counter_delta(before_m, self.metrics()),
-            timers=counter_delta(before_t, self.timers.snapshot()),
+            timers={
+                **counter_delta(before_t, self.timers.snapshot()),
+                "engine_step_s": engine_step_s,
+                "engine_step_calls": float(engine_steps),
+            },
         )
 
     def close(self) -> None:

@@ -16,6 +16,12 @@ Per method and workload (a prompt category at batch 1, or a concurrency level):
   (``propose_draft_token_ids``) and in sampling/verification (``_sample``), as
   timed in-process by :class:`~vllm_lookahead.bench.driver.StepTimers`.
 * **exact** -- completions token-identical to no speculation (same prompts, same repeat).
+
+A second table, **where a step's time goes**, splits the wall time of an engine
+step (``engine.step()``) into the runner's ``execute_model`` (input preparation +
+model forward), ``sample_tokens`` (verification, drafting, output bookkeeping)
+and the rest (scheduler, output processing), and gives the forward's time at
+equal shapes -- the same number of tokens in the forward -- for every method.
 """
 
 from __future__ import annotations
@@ -183,6 +189,7 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         lines += ["## Concurrency sweep (ShareGPT prompts, closed loop)", ""]
         lines += _table(sorted(conc, key=lambda r: (r.concurrency, _method_order(raw, r.method))), "concurrency")
         lines.append("")
+    lines += step_breakdown(raw)
     for p in plots:
         lines += [f"![{Path(p).stem}]({Path(p).name})", ""]
     lines += [
@@ -192,6 +199,74 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
     ]
     return "\n".join(lines)
+
+
+def _forward_shapes(runs: list[dict]) -> dict[int, list[float]]:
+    """Tokens in the forward -> [calls, seconds] of execute_model, summed over runs."""
+    shapes: dict[int, list[float]] = {}
+    for r in runs:
+        for key, calls in r["timers"].items():
+            if key.startswith("forward") and key.endswith("_calls"):
+                tokens = int(key[len("forward") : -len("_calls")])
+                entry = shapes.setdefault(tokens, [0.0, 0.0])
+                entry[0] += calls
+                entry[1] += float(r["timers"].get(f"forward{tokens}_s", 0.0))
+    return shapes
+
+
+def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
+    """Markdown: per method and workload group (batch 1 = all categories; each concurrency),
+    ms per engine step in forward / sampling / the rest, and forward ms at equal shapes."""
+    methods = [m for m in raw["methods"] if not m.get("skip_reason")]
+    kinds = {w["name"]: (w["kind"], w["concurrency"]) for w in raw["workloads"]}
+    groups: dict[str, dict[str, list[dict]]] = {}  # group -> method -> runs
+    for m in methods:
+        for name, runs in m["runs"].items():
+            kind, conc = kinds.get(name, ("category", 1))
+            group = "batch 1 (all categories)" if kind == "category" else f"{conc} in flight"
+            groups.setdefault(group, {}).setdefault(m["method"], []).extend(runs)
+    if not any(r["timers"].get("engine_step_calls") for g in groups.values() for runs in g.values() for r in runs):
+        return []  # results from before these timers existed
+    lines = [
+        "## Where a step's time goes",
+        "",
+        "ms per engine step: `forward` = the runner's execute_model (inputs + model forward), `sample` = "
+        "sample_tokens (of which verify and propose), `rest` = scheduler and output processing.  "
+        "`forward @ T` = execute_model ms when the forward holds T tokens (calls in parentheses): "
+        "methods compared at equal shapes.",
+        "",
+    ]
+    for group, per_method in groups.items():
+        pooled: dict[int, float] = {}
+        for runs in per_method.values():
+            for tokens, (calls, _) in _forward_shapes(runs).items():
+                pooled[tokens] = pooled.get(tokens, 0.0) + calls
+        shapes = sorted(sorted(pooled, key=lambda t: -pooled[t])[:num_shapes])
+        lines += [
+            f"**{group}**",
+            "",
+            "| method | engine step ms | forward | sample | verify | propose | rest | "
+            + " | ".join(f"forward @ {t}" for t in shapes) + " |",
+            "|---|---|---|---|---|---|---|" + "---|" * len(shapes),
+        ]
+        for label in sorted(per_method, key=lambda lbl: _method_order(raw, lbl)):
+            runs = per_method[label]
+            n = _sum(runs, "timers", "engine_step_calls")
+            if not n:
+                continue
+            ms = {k: 1e3 * _sum(runs, "timers", f"{k}_s") / n for k in ("engine_step", "step", "sample", "verify", "propose")}
+            rest = ms["engine_step"] - ms["step"] - ms["sample"]
+            shape = _forward_shapes(runs)
+            at = [
+                f"{1e3 * shape[t][1] / shape[t][0]:.1f} ({int(shape[t][0])})" if shape.get(t, [0])[0] else "-"
+                for t in shapes
+            ]
+            lines.append(
+                f"| {label} | {ms['engine_step']:.1f} | {ms['step']:.1f} | {ms['sample']:.1f} | {ms['verify']:.2f} | "
+                f"{ms['propose']:.2f} | {rest:.1f} | " + " | ".join(at) + " |"
+            )
+        lines.append("")
+    return lines
 
 
 def _method_order(raw: dict[str, Any], label: str) -> int:
