@@ -51,3 +51,8 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert float(by[("no-spec", "code")]["MAT"]) == 1.0
     for png in ("speedup_vs_concurrency.png", "mat_per_category.png"):
         assert (out / png).stat().st_size > 1000
+    # two repeats = two rounds, every method in its own engine in each
+    logs = sorted(p.name for p in (out / "logs").glob("*.log"))
+    assert [name[:4] for name in logs] == ["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"]
+    md = (out / "results.md").read_text()
+    assert "## Where a step's time goes" in md and "forward @ 1" in md

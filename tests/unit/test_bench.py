@@ -238,6 +238,15 @@ def test_workloads_never_reuse_a_prompt(tmp_path):
     assert [w.name for w in workloads] == ["qa", "sharegpt@c1", "sharegpt@c4"]
 
 
+def test_rounds_alternate_the_method_order():
+    from vllm_lookahead.bench.suite import round_orders
+
+    a, b, c = (parse_method(m) for m in ("none", "ngram", "lookahead"))
+    orders = round_orders([a, b, c], 3)
+    assert orders == [[a, b, c], [c, b, a], [a, b, c]]
+    assert round_orders([a, b], 1) == [[a, b]]
+
+
 def test_bench_options_are_not_abbreviated(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--requests", "7"])  # would otherwise mean --requests-per-slot

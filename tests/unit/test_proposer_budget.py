@@ -28,3 +28,38 @@ def test_auto_elsewhere_and_explicit_caps():
     assert _proposer("cpu", max_tokens_per_step=0)._budget_per_request(8) is None
     capped = _proposer("cpu", max_tokens_per_step=40)
     assert [capped._budget_per_request(n) for n in (1, 8, 40, 41)] == [39, 4, 0, 0]
+
+
+def _bind(p: LookaheadProposer, prompts: dict[str, list[int]]):
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=1000)
+    p.bind(SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=list(prompts)),
+        requests={r: SimpleNamespace(prompt_token_ids=t, sampling_params=sp, output_token_ids=[]) for r, t in prompts.items()},
+    ))
+
+
+def _step(p: LookaheadProposer, histories: list[list[int]]) -> list[list[int]]:
+    import numpy as np
+
+    width = max(len(h) for h in histories)
+    ids = np.zeros((len(histories), width), dtype=np.int64)
+    for i, h in enumerate(histories):
+        ids[i, : len(h)] = h
+    return p.propose([[h[-1]] for h in histories], np.array([len(h) for h in histories]), ids)
+
+
+def test_a_batch_too_full_to_draft_skips_learning_and_catches_up_later():
+    p = _proposer("cpu", max_tokens_per_step=3, guess_set_size=2, ngram_size=3)
+    prompts = {"a": [1, 2], "b": [3, 4]}
+    _bind(p, prompts)
+    a, b = [1, 2], [3, 4]
+    for token in (7, 8, 9, 7, 8):  # two requests decoding: share (3 - 2) // 2 = 0 drafts each
+        a, b = a + [token], b + [token]
+        assert _step(p, [a, b]) == [[], []]
+    assert p.states == {} and p.pending == {}  # no per-request work while nothing can be drafted
+    _bind(p, {"a": prompts["a"]})  # "b" finished: "a" alone may draft (3 - 1) // 1 = 2 nodes
+    a = a + [9]
+    assert _step(p, [a]) == [[7, 8]]  # learnt "9 7 8" from the tokens it had skipped
+    assert p.states["a"].known == len(a)

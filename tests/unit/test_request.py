@@ -449,3 +449,40 @@ def test_per_step_work_does_not_grow_with_history_or_pool(length):
     argmax = np.full(draft.tree.size, 5, dtype=np.int64)
     lookahead.observe(draft, draft.tree.size, argmax, accepted, history)
     assert history.reads <= len(accepted) + span
+
+
+def _pool_tables(lookahead: RequestLookahead) -> list[dict]:
+    return [{k: list(v) for k, v in pool._table.items()} for pool in lookahead._text_pools()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.lists(st.integers(0, 6), min_size=1, max_size=60),
+    cuts=st.lists(st.integers(1, 60), max_size=12),
+    context=st.integers(1, 3),
+    from_prompt=st.booleans(),
+)
+def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts, context, from_prompt):
+    """A request whose learning was skipped for a while (full batch) ends with the same pools."""
+    params = LookaheadParams(ngram_size=3, guess_set_size=3, lookup_context=context, pool_from_prompt=from_prompt)
+    prompt = [1, 2, 3, 1, 2]
+    every = RequestLookahead(params, prompt, seed=0)
+    bursts = RequestLookahead(params, prompt, seed=0)
+    history = list(prompt)
+    for token in text:
+        history.append(token)
+        every.learn([token], history)
+    for end in sorted(set(c for c in cuts if c <= len(text))) + [len(text)]:
+        bursts.catch_up(history[: len(prompt) + end])
+    assert bursts.known == every.known == len(history)
+    assert _pool_tables(bursts) == _pool_tables(every)
+    bursts.catch_up(history)  # nothing new: a no-op
+    assert _pool_tables(bursts) == _pool_tables(every)
+
+
+def test_catch_up_reads_only_the_unseen_tail():
+    params = LookaheadParams(ngram_size=4, guess_set_size=2, lookup_context=3)
+    lookahead = RequestLookahead(params, list(range(100)), seed=0)
+    history = _CountingHistory(list(range(100)) + [5] * 30)
+    lookahead.catch_up(history)
+    assert history.reads <= 30 + params.lookup_context + params.ngram_size - 2

@@ -11,11 +11,12 @@ prompts (repeat ``r`` of every method gets the same ones).  Drafters that learn
 across requests (vLLM's ``suffix``) would otherwise be measured copying their
 own earlier answers.  The warm-up prompt is not in any workload either.
 
-Methods run one after the other, each in a fresh engine with identical engine
-settings (one engine alive at a time); no speculation always runs first and is
-the reference for speedup and exactness.  Each workload runs ``repeats`` times
-back to back in the same engine, each time on fresh prompts.  Raw results are written as JSON after every
-method, so a long run that dies keeps what it measured.
+Repeats are rounds: in round ``r`` every method runs every workload once on the
+round's prompts, each method in a fresh engine with identical engine settings
+(one engine alive at a time), in listed order on even rounds and reversed on odd
+ones, so drift of the machine's speed does not favour a method.  No speculation
+is the reference for speedup and exactness (paired round by round).  Raw results
+are written as JSON after every engine, so a long run that dies keeps what it measured.
 """
 
 from __future__ import annotations
@@ -141,6 +142,17 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def round_orders(methods: list[Method], repeats: int) -> list[list[Method]]:
+    """The order methods run in, per round (= repeat): as listed, then reversed, alternately.
+
+    A machine's speed drifts and differs from one process to the next by a few
+    per cent (measured: the same forward 3-9 % apart in two engines); running every
+    method once per round, in alternating order, spreads that over all methods
+    instead of handing it to whichever ran last.
+    """
+    return [list(methods) if r % 2 == 0 else list(reversed(methods)) for r in range(repeats)]
+
+
 def run_plan(
     plan: Plan,
     out_json: Path,
@@ -149,11 +161,12 @@ def run_plan(
 ) -> dict[str, Any]:
     """Run every method over every workload; returns (and writes) the raw results.
 
-    Each method's engine lives in its own process (:mod:`vllm_lookahead.bench.worker`):
+    Repeat ``r`` is round ``r``: every method runs the round's prompts in a fresh
+    engine, in the order :func:`round_orders` gives.  Each engine lives in its own process (:mod:`vllm_lookahead.bench.worker`):
     engines in one process share global state (Prometheus registry, patched
     kernels), and vLLM's CPU platform cannot start another engine in a process
     that imported numba (vLLM's ngram drafter does).  The worker's log goes to
-    ``logs/<n>-<method>.log`` next to the results.
+    ``logs/r<round>-<n>-<method>.log`` next to the results.
     """
     from transformers import AutoTokenizer
 
@@ -177,34 +190,38 @@ def run_plan(
     }
     logs = out_json.parent / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    for index, m in enumerate(methods):
-        result = MethodResult(m.label, m.spec, m.speculative_config, m.skip_reason)
-        raw["methods"].append(result)
+    results: dict[str, MethodResult] = {}
+    for m in methods:
+        results[m.label] = MethodResult(m.label, m.spec, m.speculative_config, m.skip_reason)
+        raw["methods"].append(results[m.label])
         if m.skip_reason is not None:
             log(f"skipping {m.label}: {m.skip_reason}")
-            continue
-        job = {
-            "model": plan.model,
-            "label": m.label,
-            "speculative_config": m.speculative_config,
-            "engine": {
-                "max_num_seqs": max([1, *plan.concurrency]),
-                "max_model_len": plan.max_model_len,
-                "enforce_eager": plan.enforce_eager,
-                **plan.engine_overrides,
-            },
-            "max_tokens": plan.max_tokens,
-            "warmup": warmup,
-            "workloads": [
-                {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": w.token_ids}
-                for w in workloads
-            ],
-        }
-        slug = "".join(ch if ch.isalnum() else "-" for ch in m.label).strip("-")
-        outcome = _run_worker(job, logs / f"{index}-{slug}", bar)
-        result.engine_start_s = outcome["engine_start_s"]
-        result.runs = outcome["runs"]
-        _write(raw, out_json)
+    for rnd, order in enumerate(round_orders(runnable, plan.repeats)):
+        for m in order:
+            job = {
+                "model": plan.model,
+                "label": m.label,
+                "speculative_config": m.speculative_config,
+                "engine": {
+                    "max_num_seqs": max([1, *plan.concurrency]),
+                    "max_model_len": plan.max_model_len,
+                    "enforce_eager": plan.enforce_eager,
+                    **plan.engine_overrides,
+                },
+                "max_tokens": plan.max_tokens,
+                "warmup": warmup,
+                "workloads": [
+                    {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]]}
+                    for w in workloads
+                ],
+            }
+            slug = "".join(ch if ch.isalnum() else "-" for ch in m.label).strip("-")
+            outcome = _run_worker(job, logs / f"r{rnd}-{methods.index(m)}-{slug}", bar)
+            result = results[m.label]
+            result.engine_start_s = max(result.engine_start_s, outcome["engine_start_s"])
+            for name, runs in outcome["runs"].items():
+                result.runs.setdefault(name, []).extend(runs)
+            _write(raw, out_json)
     if bar is not None:
         bar.close()
     _write(raw, out_json)

@@ -100,6 +100,7 @@ class RequestLookahead:
         if params.pool_from_prompt:
             for pool in self._text_pools():
                 pool.add_sequence(prompt_token_ids)
+        self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.num_steps = 0
         self.num_drafted_tokens = 0  # draft tokens actually run by the target
         self.num_accepted_draft_tokens = 0
@@ -192,6 +193,7 @@ class RequestLookahead:
             for pool in self._text_pools():
                 pool.add_sequence(tail, start=start)
 
+        self.known = len(history)
         self.num_steps += 1
         self.num_drafted_tokens += num_nodes_run - 1
         self.num_accepted_draft_tokens += num_new - 1
@@ -203,9 +205,22 @@ class RequestLookahead:
 
     def learn(self, accepted_tokens: Sequence[int], history: Sequence[int]) -> None:
         """A step that carried no tree (first decode, fallback): the pool still learns."""
-        if not self.params.pool_from_output or not accepted_tokens:
+        self._learn_last(len(accepted_tokens), history)
+
+    def catch_up(self, history: Sequence[int]) -> None:
+        """Learn every token of ``history`` the pools have not seen yet (none, one or many).
+
+        Lets the engine skip a request's learning while it cannot draft anyway (a
+        full batch) and pay for it, once per token, when it can: total work stays
+        O(tokens), each call O(tokens since the last one).
+        """
+        self._learn_last(len(history) - self.known, history)
+
+    def _learn_last(self, num_new: int, history: Sequence[int]) -> None:
+        self.known = len(history)
+        if not self.params.pool_from_output or num_new <= 0:
             return
-        tail, start = self._tail(len(accepted_tokens), history)
+        tail, start = self._tail(num_new, history)
         for pool in self._text_pools():
             pool.add_sequence(tail, start=start)
 

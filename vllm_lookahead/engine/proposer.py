@@ -82,7 +82,11 @@ class LookaheadProposer:
         budget = self._budget_per_request(sum(1 for s in sampled_token_ids if s))
         for i, req_id in enumerate(runner.input_batch.req_ids):
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            if not new_tokens:
+            outcome = self.outcomes.pop(req_id, None)
+            if not new_tokens or (budget == 0 and outcome is None):
+                # Nothing to draft this step (no new token, or a batch too full for drafts):
+                # the pools catch up on the skipped tokens when the request drafts again.
+                self.pending.pop(req_id, None)
                 drafts.append([])
                 continue
             num_tokens = int(num_tokens_no_spec[i])
@@ -94,11 +98,10 @@ class LookaheadProposer:
                     self.params, req_state.prompt_token_ids or [], seed=self._seed_for(req_id)
                 )
                 self.states[req_id] = state
-            outcome = self.outcomes.pop(req_id, None)
             if outcome is not None:
                 state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history)
             else:
-                state.learn(new_tokens, history)
+                state.catch_up(history)
             recent = history[max(0, num_tokens - self.params.lookup_context) :]
             drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], recent, num_tokens, budget))
         self.stats.propose_seconds += time.perf_counter() - t0
