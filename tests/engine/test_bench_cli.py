@@ -56,3 +56,21 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert [name[:4] for name in logs] == ["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"]
     md = (out / "results.md").read_text()
     assert "## Where a step's time goes" in md and "forward @ 1" in md
+
+    # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT: on CPU
+    # "auto" drafts one chain of N-1 = 2 tokens per request, the window never fits.
+    replay = subprocess.run(
+        [sys.executable, "-m", "vllm_lookahead.cli", "bench", "--replay", str(out / "results.json"),
+         "--methods", "ngram", 'lookahead:{"window_size": 3, "ngram_size": 3, "guess_set_size": 3}',
+         "--replay-budget", "2"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert replay.returncode == 0, replay.stderr[-4000:]
+    replayed = {}
+    for line in replay.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0] == "code":
+            replayed[cells[1].split(" (")[0]] = float(cells[2])
+    assert set(replayed) == {"ngram k=4 lookup 2..4", "lookahead W3 N3 G3"}
+    for method, mat in replayed.items():
+        assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.05, (method, mat, by[(method, "code")]["MAT"])

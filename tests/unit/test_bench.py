@@ -183,7 +183,7 @@ def test_step_breakdown_splits_engine_steps_and_compares_equal_shapes():
     for r in la:
         _timed(r, 0.8, 0.6, 0.12, {1: (1, 0.05), 5: (3, 0.55)})
     lines = step_breakdown(raw)
-    assert "**batch 1 (all categories)**" in lines
+    assert "**code (batch 1)**" in lines and "**4 in flight**" not in lines  # no step timers there
     header = next(line for line in lines if line.startswith("| method | engine step ms"))
     assert header.endswith("| forward @ 1 | forward @ 5 |")  # the shapes seen most, in token order
     row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| no-spec") or line.startswith("| lookahead")}

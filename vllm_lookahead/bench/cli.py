@@ -3,6 +3,7 @@
     vllm-lookahead bench                       # every default method, bundled model
     vllm-lookahead bench --methods none ngram 'lookahead:{"window_size":4}' --concurrency 1 4
     vllm-lookahead bench --report-only bench-results/results.json
+    vllm-lookahead bench --replay bench-results/results.json --methods ngram lookahead 'lookahead:{"lookup_context":1}'
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
     p.add_argument("--report-only", metavar="RESULTS_JSON", default=None,
                    help="only rebuild tables and plots from an earlier results.json")
+    p.add_argument("--replay", metavar="RESULTS_JSON", default=None,
+                   help="no engine: replay the no-spec outputs of an earlier results.json through the "
+                   "ngram and lookahead --methods (lookahead: candidates only, no window) and print the "
+                   "MAT each would reach (bench/replay.py)")
+    p.add_argument("--replay-budget", type=int, default=4,
+                   help="draft tokens per step for replayed lookahead (default: %(default)s = the CPU "
+                   "'auto' chain; -1 = no limit)")
 
 
 def _engine_overrides(items: list[str]) -> dict:
@@ -62,6 +70,17 @@ def run(args: argparse.Namespace) -> int:
     from vllm_lookahead.bench.report import write_report
 
     out_dir = Path(args.out)
+    if args.replay:
+        from vllm_lookahead.bench.replay import run_replay, to_markdown as replay_markdown
+
+        budget = None if args.replay_budget < 0 else args.replay_budget
+        try:
+            results = run_replay(Path(args.replay), args.methods, budget)
+        except ValueError as exc:
+            print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
+            return 2
+        print(replay_markdown(results))
+        return 0
     if args.report_only:
         raw = json.loads(Path(args.report_only).read_text())
         paths = write_report(raw, out_dir)

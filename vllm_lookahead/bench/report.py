@@ -215,15 +215,16 @@ def _forward_shapes(runs: list[dict]) -> dict[int, list[float]]:
 
 
 def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
-    """Markdown: per method and workload group (batch 1 = all categories; each concurrency),
-    ms per engine step in forward / sampling / the rest, and forward ms at equal shapes."""
+    """Markdown: per workload and method, ms per engine step in forward / sampling / the rest,
+    and forward ms at equal shapes (same tokens in the forward, same prompts)."""
     methods = [m for m in raw["methods"] if not m.get("skip_reason")]
     kinds = {w["name"]: (w["kind"], w["concurrency"]) for w in raw["workloads"]}
     groups: dict[str, dict[str, list[dict]]] = {}  # group -> method -> runs
     for m in methods:
         for name, runs in m["runs"].items():
             kind, conc = kinds.get(name, ("category", 1))
-            group = "batch 1 (all categories)" if kind == "category" else f"{conc} in flight"
+            # per workload: pooling categories would compare forwards over different context lengths
+            group = f"{name} (batch 1)" if kind == "category" else f"{conc} in flight"
             groups.setdefault(group, {}).setdefault(m["method"], []).extend(runs)
     if not any(r["timers"].get("engine_step_calls") for g in groups.values() for runs in g.values() for r in runs):
         return []  # results from before these timers existed
@@ -232,11 +233,14 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
         "",
         "ms per engine step: `forward` = the runner's execute_model (inputs + model forward), `sample` = "
         "sample_tokens (of which verify and propose), `rest` = scheduler and output processing.  "
-        "`forward @ T` = execute_model ms when the forward holds T tokens (calls in parentheses): "
-        "methods compared at equal shapes.",
+        "`forward @ T` = execute_model ms when the forward holds T tokens (calls in parentheses), over the "
+        "same prompts: methods compared at equal shapes.  Engines run one after another, so these also show "
+        "how much two engines' speed differs (a few per cent on this VM even for identical step sequences).",
         "",
     ]
     for group, per_method in groups.items():
+        if not any(_sum(runs, "timers", "engine_step_calls") for runs in per_method.values()):
+            continue
         pooled: dict[int, float] = {}
         for runs in per_method.values():
             for tokens, (calls, _) in _forward_shapes(runs).items():

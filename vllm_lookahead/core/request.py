@@ -132,12 +132,14 @@ class RequestLookahead:
                         break
         return out
 
-    def propose(self, root_token: int, recent: Sequence[int] = (), budget: int | None = None) -> StepDraft:
+    def propose(
+        self, root_token: int, recent: Sequence[int] = (), budget: int | None = None, window: bool = True
+    ) -> StepDraft:
         """Build this step's tree below ``root_token`` (the last accepted token).
 
         ``recent``: the last tokens of the sequence, ending with ``root_token``
         (only the last ``lookup_context`` are read); ``budget``: at most this many
-        draft nodes (None = no limit).
+        draft nodes (None = no limit); ``window=False``: the verification branch only.
         """
         params = self.params
         builder = TreeBuilder(root_token)
@@ -151,7 +153,7 @@ class RequestLookahead:
                 break  # keep the order: a later (less likely) candidate never jumps the queue
             builder.add_chain(0, continuation, needs_logits=True, merge=params.merge_candidates)
             used += 1
-        if builder.size - 1 + self.window_tokens <= room:
+        if window and builder.size - 1 + self.window_tokens <= room:
             window_nodes = self.window.add_to_tree(builder, root=0)
         else:
             window_nodes = np.zeros(0, dtype=np.int64)
