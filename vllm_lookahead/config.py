@@ -72,7 +72,7 @@ class LookaheadConfig(BaseModel):
     lookup_context: int = Field(
         3, ge=1, le=8,
         description="candidates are looked up by the last 1..lookup_context tokens, longest match "
-        "first (1 = the paper: by the last token only; 3 accepted 3-6 % more tokens per step "
+        "first (1 = the paper: by the last token only; 3 accepted 1-6 % more tokens per step "
         "than 1 in docs/results.md)",
     )
     max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
