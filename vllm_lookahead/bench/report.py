@@ -226,8 +226,6 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
             # per workload: pooling categories would compare forwards over different context lengths
             group = f"{name} (batch 1)" if kind == "category" else f"{conc} in flight"
             groups.setdefault(group, {}).setdefault(m["method"], []).extend(runs)
-    if not any(r["timers"].get("engine_step_calls") for g in groups.values() for runs in g.values() for r in runs):
-        return []  # results from before these timers existed
     lines = [
         "## Where a step's time goes",
         "",
@@ -238,12 +236,14 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
         "how much two engines' speed differs (a few per cent on this VM even for identical step sequences).",
         "",
     ]
+    header_len = len(lines)
     for group, per_method in groups.items():
         if not any(_sum(runs, "timers", "engine_step_calls") for runs in per_method.values()):
-            continue
+            continue  # results from before these timers existed
+        shapes_of = {label: _forward_shapes(runs) for label, runs in per_method.items()}
         pooled: dict[int, float] = {}
-        for runs in per_method.values():
-            for tokens, (calls, _) in _forward_shapes(runs).items():
+        for shape in shapes_of.values():
+            for tokens, (calls, _) in shape.items():
                 pooled[tokens] = pooled.get(tokens, 0.0) + calls
         shapes = sorted(sorted(pooled, key=lambda t: -pooled[t])[:num_shapes])
         lines += [
@@ -260,7 +260,7 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
                 continue
             ms = {k: 1e3 * _sum(runs, "timers", f"{k}_s") / n for k in ("engine_step", "step", "sample", "verify", "propose")}
             rest = ms["engine_step"] - ms["step"] - ms["sample"]
-            shape = _forward_shapes(runs)
+            shape = shapes_of[label]
             at = [
                 f"{1e3 * shape[t][1] / shape[t][0]:.1f} ({int(shape[t][0])})" if shape.get(t, [0])[0] else "-"
                 for t in shapes
@@ -270,7 +270,7 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
                 f"{ms['propose']:.2f} | {rest:.1f} | " + " | ".join(at) + " |"
             )
         lines.append("")
-    return lines
+    return lines if len(lines) > header_len else []
 
 
 def _method_order(raw: dict[str, Any], label: str) -> int:
