@@ -33,6 +33,7 @@ FIELD_RANGES: dict[str, str] = {
     "max_pool_keys": "an integer in [1, 10000000]",
     "seed": "an integer in [0, 2**31-1]",
     "lookup_context": "an integer in [1, 8]",
+    "max_lead_tokens": "an integer in [0, 256]",
     "max_tokens_per_step": "'auto' or an integer in [0, 65536] (0 = no cap)",
 }
 
@@ -75,6 +76,13 @@ class LookaheadConfig(BaseModel):
         "first (1 = the paper: by the last token only; 3 accepted 1-6 % more tokens per step "
         "than 1 in docs/results.md)",
     )
+    max_lead_tokens: int = Field(
+        32, ge=0, le=256,
+        description="the first (most likely) candidate grows past N-1 tokens, by looking up the "
+        "pools again with its own text, while it is accepted in full: its length doubles per fully "
+        "accepted step up to this and falls back to N-1 at a miss (values <= N-1: the paper, "
+        "candidates of N-1 tokens)",
+    )
     max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
         "auto",
         description="cap on the tokens one forward carries for decoding requests (one each plus "
@@ -92,7 +100,7 @@ class LookaheadConfig(BaseModel):
     def draft_limit_per_request(self, platform: str) -> int | None:
         """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
         if self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"]):
-            return self.ngram_size - 1
+            return self.to_core_params().lead_tokens
         return None
 
     @property
@@ -100,10 +108,10 @@ class LookaheadConfig(BaseModel):
         """Upper bound of draft tokens per step (tree nodes minus the root).
 
         Lookahead branch: W*(N-1) nodes including the root; verification branch:
-        G candidates of N-1 tokens each.
+        G candidates of N-1 tokens each, the first of which may grow to
+        max(N-1, max_lead_tokens).
         """
-        n1 = self.ngram_size - 1
-        return self.window_size * n1 - 1 + self.guess_set_size * n1
+        return self.to_core_params().max_draft_tokens
 
     @classmethod
     def from_user_dict(cls, spec: dict[str, Any]) -> "LookaheadConfig":
@@ -138,6 +146,7 @@ class LookaheadConfig(BaseModel):
             merge_candidates=self.merge_candidates,
             max_pool_keys=self.max_pool_keys,
             lookup_context=self.lookup_context,
+            max_lead_tokens=self.max_lead_tokens,
         )
 
     def summary(self) -> str:
@@ -145,7 +154,8 @@ class LookaheadConfig(BaseModel):
             f"W={self.window_size} N={self.ngram_size} G={self.guess_set_size} "
             f"(<= {self.max_draft_tokens} draft tokens/step, shift={self.window_shift}, "
             f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output}, "
-            f"lookup_context={self.lookup_context}, max_tokens_per_step={self.max_tokens_per_step})"
+            f"lookup_context={self.lookup_context}, max_lead_tokens={self.max_lead_tokens}, "
+            f"max_tokens_per_step={self.max_tokens_per_step})"
         )
 
 

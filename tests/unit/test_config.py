@@ -6,7 +6,9 @@ from vllm_lookahead.config import LookaheadConfig, LookaheadConfigError
 def test_defaults_and_draft_size():
     cfg = LookaheadConfig.from_user_dict({"method": "lookahead"})
     assert (cfg.window_size, cfg.ngram_size, cfg.guess_set_size) == (7, 5, 7)
-    assert cfg.max_draft_tokens == 7 * 4 - 1 + 7 * 4
+    assert cfg.max_lead_tokens == 32
+    assert cfg.max_draft_tokens == 7 * 4 - 1 + 6 * 4 + 32  # the lead candidate may grow to 32
+    assert LookaheadConfig.from_user_dict({"max_lead_tokens": 0}).max_draft_tokens == 7 * 4 - 1 + 7 * 4
 
 
 @pytest.mark.parametrize(
@@ -44,7 +46,8 @@ def test_step_cap_auto_per_platform_and_explicit():
     assert auto.max_tokens_per_step == "auto"
     assert auto.tokens_per_step_cap("cpu") == AUTO_TOKENS_PER_STEP["cpu"] > 0
     assert auto.tokens_per_step_cap("cuda") == 0  # no cap where it has not been measured
-    assert auto.draft_limit_per_request("cpu") == auto.ngram_size - 1  # one candidate chain
+    assert auto.draft_limit_per_request("cpu") == auto.max_lead_tokens  # one candidate chain
+    assert LookaheadConfig.from_user_dict({"max_lead_tokens": 0}).draft_limit_per_request("cpu") == 4
     assert auto.draft_limit_per_request("cuda") is None
     assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 24}).draft_limit_per_request("cpu") is None
     assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 0}).tokens_per_step_cap("cpu") == 0

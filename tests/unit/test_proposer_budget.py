@@ -19,8 +19,10 @@ def _proposer(device: str, **keys) -> LookaheadProposer:
 
 
 def test_auto_on_cpu_is_one_chain_per_request_within_24_tokens():
-    p = _proposer("cpu")  # W7 N5 G7, max_tokens_per_step "auto"
-    assert [p._budget_per_request(n) for n in (1, 2, 4, 5, 8, 32)] == [4, 4, 4, 3, 2, 0]
+    p = _proposer("cpu")  # W7 N5 G7, max_lead_tokens 32, max_tokens_per_step "auto"
+    assert [p._budget_per_request(n) for n in (1, 2, 4, 5, 8, 32)] == [23, 11, 5, 3, 2, 0]
+    paper = _proposer("cpu", max_lead_tokens=0)  # candidates of N-1 tokens
+    assert [paper._budget_per_request(n) for n in (1, 2, 4, 5, 8, 32)] == [4, 4, 4, 3, 2, 0]
 
 
 def test_auto_elsewhere_and_explicit_caps():

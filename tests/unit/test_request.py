@@ -164,10 +164,11 @@ def test_truncation_to_the_verification_branch_still_accepts():
     vocab=st.integers(2, 5),
     oracle_seed=st.integers(0, 1000),
     prompt=st.lists(st.integers(0, 4), min_size=2, max_size=12),
+    lead=st.integers(0, 12),
     data=st.data(),
 )
 def test_lossless_for_any_parameters_and_truncation(
-    width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, data
+    width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, lead, data
 ):
     params = LookaheadParams(
         window_size=width,
@@ -178,6 +179,7 @@ def test_lossless_for_any_parameters_and_truncation(
         pool_from_prompt=from_prompt,
         pool_from_output=from_output,
         max_pool_keys=3,
+        max_lead_tokens=lead,
     )
     prompt = [t % vocab for t in prompt]
     oracle = table_oracle(vocab, oracle_seed)
@@ -234,6 +236,8 @@ def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
     params = LookaheadParams(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False)
     assert params.max_draft_tokens == (3 * 3 - 1) + 2 * 3
     assert LookaheadParams().max_draft_tokens == (7 * 4 - 1) + 7 * 4
+    assert LookaheadParams(max_lead_tokens=32).max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32
+    assert LookaheadParams(max_lead_tokens=32, guess_set_size=0).max_draft_tokens == 7 * 4 - 1
     lookahead = RequestLookahead(params, [1, 2, 3], seed=0)
     while not lookahead.window.full:
         lookahead.window.update(np.array([1, 2, 3]), 0, [])
@@ -352,9 +356,12 @@ def test_params_are_validated():
     context=st.integers(1, 4),
     budgets=st.lists(st.one_of(st.none(), st.integers(0, 30)), min_size=1, max_size=7),
     seed=st.integers(0, 50),
+    lead=st.integers(0, 20),
 )
-def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed):
-    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, lookup_context=context)
+def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed, lead):
+    params = LookaheadParams(
+        window_size=w, ngram_size=n, guess_set_size=g, lookup_context=context, max_lead_tokens=lead
+    )
     oracle = table_oracle(vocab=7, seed=seed)
     prompt = [seed % 7, 1, 2, 3]
     output, _ = simulate(params, prompt, oracle, 60, seed=seed, budget=lambda step: budgets[step % len(budgets)])
@@ -486,3 +493,43 @@ def test_catch_up_reads_only_the_unseen_tail():
     history = _CountingHistory(list(range(100)) + [5] * 30)
     lookahead.catch_up(history)
     assert history.reads <= 30 + params.lookup_context + params.ngram_size - 2
+
+
+def test_lead_candidate_grows_by_looking_up_its_own_text():
+    # The prompt says "1 2 3 4 5 6 7 8 9" once; with N = 3 each candidate is 2 tokens,
+    # and the lead may grow to 6 by asking the pools again after what it drafted.
+    params = LookaheadParams(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
+    lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], seed=0)
+    assert lookahead.lead_candidate((2, 3), [0, 1], 6) == (2, 3, 4, 5, 6, 7)
+    assert lookahead.lead_candidate((2, 3), [0, 1], 1) == (2,)
+    assert lookahead.lead_candidate((8, 9), [6, 7], 6) == (8, 9, 0, 1, 2, 3)
+    assert lookahead.lead_candidate((11, 12), [0, 1], 6) == (11, 12)  # 12 never seen: nothing to add
+    # It starts at N - 1 and doubles while accepted in full.
+    history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+    lengths = []
+    for _ in range(3):
+        draft = lookahead.propose(history[-1], history[-2:], window=False)
+        lengths.append(draft.lead_tokens)
+        lead = draft.tree.tokens[1 : 1 + draft.lead_tokens].tolist()
+        accepted = lead + [(lead[-1] + 1) % 10]  # the text keeps cycling 1..9 0: all accepted
+        history += accepted
+        lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, -1), accepted, history)
+    assert lengths == [2, 4, 6]
+    # A miss: back to N - 1.
+    draft = lookahead.propose(history[-1], history[-2:], window=False)
+    history += [42]
+    lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, -1), [42], history)
+    assert lookahead.lead_length.current == 2
+
+
+def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
+    params = LookaheadParams(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
+    lookahead = RequestLookahead(params, [], seed=0)
+    for ngram in ((5, 1, 2, 3), (5, 4, 4, 4)):
+        lookahead.pool.add(ngram)
+    draft = lookahead.propose(5, [5], budget=2)
+    assert draft.tree.tokens[1:].tolist() == [4, 4] and draft.lead_tokens == 2 and draft.num_candidates == 1
+    draft = lookahead.propose(5, [5], budget=5)  # the second candidate (3 tokens) does not fit whole
+    assert draft.tree.tokens[1:].tolist() == [4, 4, 4] and draft.num_candidates == 1
+    draft = lookahead.propose(5, [5], budget=6)
+    assert draft.tree.tokens[1:].tolist() == [4, 4, 4, 1, 2, 3] and draft.num_candidates == 2

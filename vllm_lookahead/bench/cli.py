@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sweep requests = max(--min-sweep-requests, this x concurrency)")
     p.add_argument("--min-sweep-requests", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--sweep-max-tokens", type=int, default=None,
+                   help="max_tokens of the concurrency sweep (default: --max-tokens)")
     p.add_argument("--repeats", type=int, default=2, help="runs of every workload per method (speedup spread)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-prompt-tokens", type=int, default=1536, help="longer prompts are dropped, not cut")
@@ -48,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no engine: replay the no-spec outputs of an earlier results.json through the "
                    "ngram and lookahead --methods (lookahead: candidates only, no window) and print the "
                    "MAT each would reach (bench/replay.py)")
-    p.add_argument("--replay-budget", type=int, default=4,
-                   help="draft tokens per step for replayed lookahead (default: %(default)s = the CPU "
-                   "'auto' chain; -1 = no limit)")
+    p.add_argument("--replay-budget", type=int, default=None,
+                   help="draft tokens per step for replayed lookahead (default: what CPU 'auto' gives "
+                   "one request at batch 1; -1 = no limit)")
 
 
 def _engine_overrides(items: list[str]) -> dict:
@@ -73,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replay:
         from vllm_lookahead.bench.replay import run_replay, to_markdown as replay_markdown
 
-        budget = None if args.replay_budget < 0 else args.replay_budget
+        budget = "auto" if args.replay_budget is None else None if args.replay_budget < 0 else args.replay_budget
         try:
             results = run_replay(Path(args.replay), args.methods, budget)
         except ValueError as exc:
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         requests_per_slot=args.requests_per_slot,
         min_sweep_requests=args.min_sweep_requests,
         max_tokens=args.max_tokens,
+        sweep_max_tokens=args.sweep_max_tokens,
         repeats=args.repeats,
         max_prompt_tokens=args.max_prompt_tokens,
         max_model_len=args.max_model_len,

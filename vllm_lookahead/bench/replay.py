@@ -8,8 +8,9 @@ gives MAT and draft tokens per step of
 
 * lookahead's verification branch: pool candidates chosen by
   :meth:`~vllm_lookahead.core.RequestLookahead.propose` within a per-request draft
-  budget (``--replay-budget``, 4 = the CPU "auto" chain); the Jacobi window needs
-  the model's outputs and is left out;
+  budget (``--replay-budget``; by default what CPU "auto" allows one request at
+  batch 1: one candidate chain, its lead growing while accepted, within the
+  24-token step cap); the Jacobi window needs the model's outputs and is left out;
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
 
 in seconds per configuration, for tuning candidate policies before an engine run.
@@ -92,18 +93,29 @@ def replay(prompt: Sequence[int], output: Sequence[int], make: Callable[[list[in
 
 
 class LookaheadCandidates:
-    """Lookahead's verification branch for one request, as the engine builds it."""
+    """Lookahead's verification branch for one request, as the engine builds it.
+
+    The lead candidate's length adapts to what was accepted, as in the engine
+    (:class:`~vllm_lookahead.core.draft_length.DraftLength`).
+    """
 
     def __init__(self, params: Any, budget: int | None, prompt: list[int]) -> None:
         self.state = RequestLookahead(params, prompt, seed=0)
         self.budget = budget
+        self._last: tuple[Any, int] | None = None  # (draft, history length when drafted)
 
     def draft(self, history: list[int], room: int) -> DraftTree:
         room = room if self.budget is None else min(room, self.budget)
         recent = history[-self.state.params.lookup_context :]
-        return self.state.propose(history[-1], recent, budget=max(room, 0), window=False).tree
+        draft = self.state.propose(history[-1], recent, budget=max(room, 0), window=False)
+        self._last = (draft, len(history))
+        return draft.tree
 
     def learn(self, history: list[int]) -> None:
+        if self._last is not None:
+            draft, before = self._last
+            self.state.lead_length.update(draft.lead_tokens, len(history) - before - 1)
+            self._last = None
         self.state.catch_up(history)
 
 
@@ -149,7 +161,12 @@ def recorded_requests(raw: dict[str, Any], tokenizer: Any) -> dict[str, list[tup
     return out
 
 
-def run_replay(results_json: Path, methods: list[str], budget: int | None) -> list[ReplayResult]:
+AUTO = "auto"
+
+
+def run_replay(results_json: Path, methods: list[str], budget: int | None | str = AUTO) -> list[ReplayResult]:
+    """MAT of each ngram / lookahead method on the recording; ``budget``: draft tokens per
+    step for lookahead (None: no limit; "auto": the CPU auto budget of each config at batch 1)."""
     from transformers import AutoTokenizer
 
     from vllm_lookahead.bench.methods import parse_method
@@ -168,9 +185,11 @@ def run_replay(results_json: Path, methods: list[str], budget: int | None) -> li
             drafters.append((m.label, ngram))
         elif cfg["method"] == "lookahead":
             keys = {k: v for k, v in cfg.items() if k != "method"}
-            params = LookaheadConfig.model_validate(keys, strict=False).to_core_params()
-            label = f"{m.label} (candidates, budget {budget if budget is not None else 'none'})"
-            drafters.append((label, lambda prompt, p=params: LookaheadCandidates(p, budget, prompt)))
+            config = LookaheadConfig.model_validate(keys, strict=False)
+            params = config.to_core_params()
+            b = auto_budget(config) if budget == AUTO else budget
+            label = f"{m.label} (candidates, budget {b if b is not None else 'none'})"
+            drafters.append((label, lambda prompt, p=params, b=b: LookaheadCandidates(p, b, prompt)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram and lookahead only)")
     results = []
@@ -179,6 +198,15 @@ def run_replay(results_json: Path, methods: list[str], budget: int | None) -> li
             totals = [replay(prompt, output, make) for prompt, output in pairs]
             results.append(ReplayResult(workload, label, *(sum(t[i] for t in totals) for i in range(3))))
     return results
+
+
+def auto_budget(config: Any) -> int | None:
+    """Draft tokens one request gets per step at batch 1 on CPU (the proposer's rule)."""
+    limit = config.draft_limit_per_request("cpu")
+    cap = config.tokens_per_step_cap("cpu")
+    if cap:
+        limit = cap - 1 if limit is None else min(limit, cap - 1)
+    return limit
 
 
 def to_markdown(results: list[ReplayResult]) -> str:

@@ -167,7 +167,7 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
         f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
-        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}; {plan['repeats']} repeats, "
+        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}; {plan['repeats']} repeats, "
         "each on its own prompts (no prompt is seen twice by an engine); "
         f"same engine settings for every method (max_model_len {plan['max_model_len']}, "
         f"eager={plan['enforce_eager']}, prefix caching off, max_num_seqs = max concurrency).",
@@ -345,3 +345,8 @@ def write_report(raw: dict[str, Any], out_dir: Path) -> dict[str, str]:
     csv_path = out_dir / "results.csv"
     csv_path.write_text(to_csv(rows))
     return {"markdown": str(md), "csv": str(csv_path), **{Path(p).stem: p for p in plots}}
+
+
+def _sweep_tokens(plan: dict) -> str:
+    sweep = plan.get("sweep_max_tokens")
+    return f" (concurrency sweep: {sweep})" if sweep not in (None, plan.get("max_tokens")) else ""

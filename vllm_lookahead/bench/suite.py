@@ -63,12 +63,18 @@ class Plan:
     requests_per_slot: int = 2
     min_sweep_requests: int = 8
     max_tokens: int = 128
+    sweep_max_tokens: int | None = None  # the concurrency sweep's max_tokens (None: max_tokens)
     repeats: int = 2
     max_prompt_tokens: int = 1536
     max_model_len: int = 2048
     enforce_eager: bool = True
     specbench: str | None = None
     engine_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def workload_max_tokens(self, kind: str) -> int:
+        if kind == "concurrency" and self.sweep_max_tokens is not None:
+            return self.sweep_max_tokens
+        return self.max_tokens
 
     def ordered_methods(self) -> list[Method]:
         methods = [parse_method(m) for m in self.methods]
@@ -211,7 +217,8 @@ def run_plan(
                 "max_tokens": plan.max_tokens,
                 "warmup": warmup,
                 "workloads": [
-                    {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]]}
+                    {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]],
+                     "max_tokens": plan.workload_max_tokens(w.kind)}
                     for w in workloads
                 ],
             }

@@ -1,10 +1,12 @@
 """Engine-free core of Lookahead Decoding (Fu et al., 2024, arXiv:2402.02057).
 
 numpy + stdlib only: the token tree, the 2D Jacobi window, the n-gram pool,
-greedy verification and the per-request orchestration.  The vLLM glue in
+greedy verification, the lead candidate's adaptive length and the per-request
+orchestration.  The vLLM glue in
 ``vllm_lookahead.engine`` is written against these names.
 """
 
+from .draft_length import DraftLength
 from .pool import NgramPool
 from .request import LookaheadParams, RequestLookahead, StepDraft
 from .tree import DraftTree, TreeBuilder
@@ -12,6 +14,7 @@ from .verify import greedy_verify
 from .window import JacobiWindow
 
 __all__ = [
+    "DraftLength",
     "DraftTree",
     "JacobiWindow",
     "LookaheadParams",

@@ -7,14 +7,19 @@ Alg. 2) for one request is:
    accepted token: the *verification branch* (up to ``G`` pool n-grams keyed
    by that token) first, then the *lookahead branch* (the Jacobi window).
    Candidates whose preceding text matches more of the recent tokens come
-   first (``lookup_context``), and an optional token budget per step cuts the
-   tree: candidates in order while they fit, then the whole window if it fits
-   (a window left out this step simply waits; it is never run in part).
+   first (``lookup_context``).  The first (*lead*) candidate may grow past
+   ``N - 1`` tokens while the request keeps accepting it in full
+   (``max_lead_tokens``, :mod:`~vllm_lookahead.core.draft_length`): it is
+   extended by asking the pools again with its own text.  An optional token
+   budget per step cuts the tree: the lead to what fits, the other candidates
+   in order while they fit whole, then the whole window if it fits (a window
+   left out this step simply waits; it is never run in part).
 2. The engine runs the tree in one target forward and accepts the longest
    greedily-matching path (see :func:`~vllm_lookahead.core.verify.greedy_verify`).
 3. :meth:`RequestLookahead.observe` -- advance the window with the argmax at
    its output nodes, feed the n-grams it produced to the pool and (optionally)
-   learn the n-grams of the newly accepted output.
+   learn the n-grams of the newly accepted output; the lead length follows
+   what was accepted.
 
 The engine glue only moves tokens and argmax arrays in and out; all decisions
 live here.  Per-step cost is bounded by the tree size and the number of new
@@ -28,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .draft_length import DraftLength
 from .pool import NgramPool
 from .tree import DraftTree, TreeBuilder
 from .window import SHIFT_MODES, JacobiWindow
@@ -44,6 +50,7 @@ class LookaheadParams:
     merge_candidates: bool = False  # trie-merge candidates sharing a prefix
     max_pool_keys: int = 65536
     lookup_context: int = 1  # longest context (tokens) candidates are matched on; 1 = the paper
+    max_lead_tokens: int = 0  # lead candidate grows up to this by re-lookup (<= N - 1: the paper, no growth)
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -58,12 +65,22 @@ class LookaheadParams:
             raise ValueError("max_pool_keys must be >= 1")
         if self.lookup_context < 1:
             raise ValueError("lookup_context must be >= 1")
+        if self.max_lead_tokens < 0:
+            raise ValueError("max_lead_tokens must be >= 0")
+
+    @property
+    def lead_tokens(self) -> int:
+        """Longest lead candidate: ``max(N - 1, max_lead_tokens)``."""
+        return max(self.ngram_size - 1, self.max_lead_tokens)
 
     @property
     def max_draft_tokens(self) -> int:
         """Upper bound of ``DraftTree.size - 1`` for these parameters."""
         levels = self.ngram_size - 1
-        return (self.window_size * levels - 1) + self.guess_set_size * levels
+        candidates = self.guess_set_size * levels
+        if self.guess_set_size:
+            candidates += self.lead_tokens - levels
+        return (self.window_size * levels - 1) + candidates
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +88,7 @@ class StepDraft:
     tree: DraftTree
     window_nodes: np.ndarray  # (W,) output node ids of the window; (0,) if left out this step
     num_candidates: int  # pool n-grams put in the verification branch
+    lead_tokens: int = 0  # draft tokens of the first candidate (extended past N - 1 when it may grow)
 
 
 class RequestLookahead:
@@ -101,6 +119,7 @@ class RequestLookahead:
             for pool in self._text_pools():
                 pool.add_sequence(prompt_token_ids)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
+        self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
         self.num_steps = 0
         self.num_drafted_tokens = 0  # draft tokens actually run by the target
         self.num_accepted_draft_tokens = 0
@@ -132,6 +151,31 @@ class RequestLookahead:
                         break
         return out
 
+    def continuation(self, recent: Sequence[int]) -> tuple[int, ...] | None:
+        """The most likely continuation of ``recent``: longest context first, most recent first."""
+        for pool in self._text_pools():
+            found = pool.get(recent, 1)
+            if found:
+                return found[0]
+        return None
+
+    def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
+        """``first`` cut or grown to ``length`` tokens.
+
+        Growing asks the pools again for the continuation of the text drafted so
+        far (the last ``lookup_context`` tokens of ``recent + draft``), until
+        ``length`` tokens or the pools have nothing: at most ``length / (N - 1)``
+        lookups, independent of pool size and sequence length.
+        """
+        draft = list(first[:length])
+        while len(draft) < length:
+            tail = [*recent, *draft][-self.params.lookup_context :]
+            more = self.continuation(tail)
+            if more is None:
+                break
+            draft.extend(more[: length - len(draft)])
+        return tuple(draft)
+
     def propose(
         self, root_token: int, recent: Sequence[int] = (), budget: int | None = None, window: bool = True
     ) -> StepDraft:
@@ -140,6 +184,11 @@ class RequestLookahead:
         ``recent``: the last tokens of the sequence, ending with ``root_token``
         (only the last ``lookup_context`` are read); ``budget``: at most this many
         draft nodes (None = no limit); ``window=False``: the verification branch only.
+
+        The first (lead) candidate is drafted at the request's current lead
+        length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut
+        to the budget if need be; the others are drafted whole, in order, while
+        they fit; then the whole window if it fits.
         """
         params = self.params
         builder = TreeBuilder(root_token)
@@ -147,9 +196,14 @@ class RequestLookahead:
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = budget if budget is not None else 1 << 30
-        used = 0
+        used = lead = 0
         for continuation in self.candidates(recent):
-            if builder.size - 1 + len(continuation) > room:
+            if used == 0:
+                continuation = self.lead_candidate(continuation, recent, min(room, self.lead_length.current))
+                lead = len(continuation)
+                if not continuation:
+                    break
+            elif builder.size - 1 + len(continuation) > room:
                 break  # keep the order: a later (less likely) candidate never jumps the queue
             builder.add_chain(0, continuation, needs_logits=True, merge=params.merge_candidates)
             used += 1
@@ -157,7 +211,7 @@ class RequestLookahead:
             window_nodes = self.window.add_to_tree(builder, root=0)
         else:
             window_nodes = np.zeros(0, dtype=np.int64)
-        return StepDraft(tree=builder.build(), window_nodes=window_nodes, num_candidates=used)
+        return StepDraft(tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=lead)
 
     def observe(
         self,
@@ -195,6 +249,7 @@ class RequestLookahead:
             for pool in self._text_pools():
                 pool.add_sequence(tail, start=start)
 
+        self.lead_length.update(min(draft.lead_tokens, num_nodes_run - 1), num_new - 1)  # lead = nodes 1..lead
         self.known = len(history)
         self.num_steps += 1
         self.num_drafted_tokens += num_nodes_run - 1
