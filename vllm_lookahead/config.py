@@ -99,9 +99,13 @@ class LookaheadConfig(BaseModel):
 
     def draft_limit_per_request(self, platform: str) -> int | None:
         """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
-        if self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"]):
+        if self.chain_only(platform):
             return self.to_core_params().lead_tokens
         return None
+
+    def chain_only(self, platform: str) -> bool:
+        """Whether each request drafts one candidate chain and no window on ``platform``."""
+        return self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"])
 
     @property
     def max_draft_tokens(self) -> int:

@@ -77,3 +77,14 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert set(replayed) == {"ngram k=4 lookup 2..4", "lookahead W3 N3 G3"}
     for method, mat in replayed.items():
         assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.05, (method, mat, by[(method, "code")]["MAT"])
+
+    # --replay-max-tokens replays each completion's first N tokens (= the greedy run with max_tokens N).
+    short = subprocess.run(
+        [sys.executable, "-m", "vllm_lookahead.cli", "bench", "--replay", str(out / "results.json"),
+         "--methods", "ngram", "--replay-max-tokens", "10"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert short.returncode == 0, short.stderr[-4000:]
+    code_rows = [line for line in short.stdout.splitlines() if line.startswith("| code |")]
+    expected = sum(min(len(o), 10) for r in ref_runs["code"] for o in r["outputs"])
+    assert len(code_rows) == 1 and int(code_rows[0].strip("|").split("|")[-1]) == expected

@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-budget", type=int, default=None,
                    help="draft tokens per step for replayed lookahead (default: what CPU 'auto' gives "
                    "one request at batch 1; -1 = no limit)")
+    p.add_argument("--replay-max-tokens", type=int, default=None,
+                   help="replay only the first N tokens of every recorded completion: exactly the "
+                   "greedy run with max_tokens N (default: all)")
 
 
 def _engine_overrides(items: list[str]) -> dict:
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
         budget = "auto" if args.replay_budget is None else None if args.replay_budget < 0 else args.replay_budget
         try:
-            results = run_replay(Path(args.replay), args.methods, budget)
+            results = run_replay(Path(args.replay), args.methods, budget, args.replay_max_tokens)
         except ValueError as exc:
             print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
             return 2

@@ -9,7 +9,7 @@ gives MAT and draft tokens per step of
 * lookahead's verification branch: pool candidates chosen by
   :meth:`~vllm_lookahead.core.RequestLookahead.propose` within a per-request draft
   budget (``--replay-budget``; by default what CPU "auto" allows one request at
-  batch 1: one candidate chain, its lead growing while accepted, within the
+  batch 1: one candidate chain, the lead, growing while accepted, within the
   24-token step cap); the Jacobi window needs the model's outputs and is left out;
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
 
@@ -99,15 +99,18 @@ class LookaheadCandidates:
     (:class:`~vllm_lookahead.core.draft_length.DraftLength`).
     """
 
-    def __init__(self, params: Any, budget: int | None, prompt: list[int]) -> None:
+    def __init__(self, params: Any, budget: int | None, prompt: list[int], max_candidates: int | None = None) -> None:
         self.state = RequestLookahead(params, prompt, seed=0)
         self.budget = budget
+        self.max_candidates = max_candidates
         self._last: tuple[Any, int] | None = None  # (draft, history length when drafted)
 
     def draft(self, history: list[int], room: int) -> DraftTree:
         room = room if self.budget is None else min(room, self.budget)
         recent = history[-self.state.params.lookup_context :]
-        draft = self.state.propose(history[-1], recent, budget=max(room, 0), window=False)
+        draft = self.state.propose(
+            history[-1], recent, budget=max(room, 0), window=False, max_candidates=self.max_candidates
+        )
         self._last = (draft, len(history))
         return draft.tree
 
@@ -164,9 +167,13 @@ def recorded_requests(raw: dict[str, Any], tokenizer: Any) -> dict[str, list[tup
 AUTO = "auto"
 
 
-def run_replay(results_json: Path, methods: list[str], budget: int | None | str = AUTO) -> list[ReplayResult]:
+def run_replay(
+    results_json: Path, methods: list[str], budget: int | None | str = AUTO, max_tokens: int | None = None
+) -> list[ReplayResult]:
     """MAT of each ngram / lookahead method on the recording; ``budget``: draft tokens per
-    step for lookahead (None: no limit; "auto": the CPU auto budget of each config at batch 1)."""
+    step for lookahead (None: no limit; "auto": the CPU auto budget of each config at batch 1);
+    ``max_tokens``: replay only the first tokens of each completion -- exactly the greedy run
+    with that ``max_tokens`` (a greedy completion's prefix does not depend on where it stops)."""
     from transformers import AutoTokenizer
 
     from vllm_lookahead.bench.methods import parse_method
@@ -174,6 +181,8 @@ def run_replay(results_json: Path, methods: list[str], budget: int | None | str 
 
     raw = json.loads(Path(results_json).read_text())
     requests = recorded_requests(raw, AutoTokenizer.from_pretrained(raw["plan"]["model"]))
+    if max_tokens is not None:
+        requests = {w: [(p, o[:max_tokens]) for p, o in pairs] for w, pairs in requests.items()}
     drafters: list[tuple[str, Callable[[list[int]], Any]]] = []
     for spec in methods:
         m = parse_method(spec)
@@ -188,8 +197,9 @@ def run_replay(results_json: Path, methods: list[str], budget: int | None | str 
             config = LookaheadConfig.model_validate(keys, strict=False)
             params = config.to_core_params()
             b = auto_budget(config) if budget == AUTO else budget
-            label = f"{m.label} (candidates, budget {b if b is not None else 'none'})"
-            drafters.append((label, lambda prompt, p=params, b=b: LookaheadCandidates(p, b, prompt)))
+            one = 1 if budget == AUTO and config.chain_only("cpu") else None
+            label = f"{m.label} ({'one chain' if one else 'candidates'}, budget {b if b is not None else 'none'})"
+            drafters.append((label, lambda prompt, p=params, b=b, one=one: LookaheadCandidates(p, b, prompt, one)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram and lookahead only)")
     results = []

@@ -177,13 +177,20 @@ class RequestLookahead:
         return tuple(draft)
 
     def propose(
-        self, root_token: int, recent: Sequence[int] = (), budget: int | None = None, window: bool = True
+        self,
+        root_token: int,
+        recent: Sequence[int] = (),
+        budget: int | None = None,
+        window: bool = True,
+        max_candidates: int | None = None,
     ) -> StepDraft:
         """Build this step's tree below ``root_token`` (the last accepted token).
 
         ``recent``: the last tokens of the sequence, ending with ``root_token``
         (only the last ``lookup_context`` are read); ``budget``: at most this many
-        draft nodes (None = no limit); ``window=False``: the verification branch only.
+        draft nodes (None = no limit); ``window=False``: the verification branch only;
+        ``max_candidates``: at most this many candidates (None = G; 1 with no window =
+        a chain, which needs no tree attention).
 
         The first (lead) candidate is drafted at the request's current lead
         length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut
@@ -198,6 +205,8 @@ class RequestLookahead:
         room = budget if budget is not None else 1 << 30
         used = lead = 0
         for continuation in self.candidates(recent):
+            if max_candidates is not None and used >= max_candidates:
+                break
             if used == 0:
                 continuation = self.lead_candidate(continuation, recent, min(room, self.lead_length.current))
                 lead = len(continuation)

@@ -53,6 +53,8 @@ class LookaheadProposer:
         device = _device_type(vllm_config)
         self.step_token_cap = self.config.tokens_per_step_cap(device)
         self.per_request_limit = self.config.draft_limit_per_request(device)
+        # CPU "auto": one candidate chain (the lead), no window -- vLLM's causal kernel verifies it.
+        self.chain_only = self.config.chain_only(device)
         self.states: dict[str, RequestLookahead] = {}
         self.pending: dict[str, StepDraft] = {}
         self.outcomes: dict[str, StepOutcome] = {}
@@ -144,7 +146,10 @@ class LookaheadProposer:
         if room <= 0:
             self.pending.pop(req_id, None)
             return []
-        draft = state.propose(int(root), recent, budget=room)
+        if self.chain_only:
+            draft = state.propose(int(root), recent, budget=room, window=False, max_candidates=1)
+        else:
+            draft = state.propose(int(root), recent, budget=room)
         self.pending[req_id] = draft
         tokens = draft.tree.draft_tokens
         self.stats.on_propose(draft)
