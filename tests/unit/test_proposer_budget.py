@@ -65,3 +65,34 @@ def test_a_batch_too_full_to_draft_skips_learning_and_catches_up_later():
     a = a + [9]
     assert _step(p, [a]) == [[7, 8]]  # learnt "9 7 8" from the tokens it had skipped
     assert p.states["a"].known == len(a)
+
+
+
+def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
+    # The request repeats "1 2 3 4 5 6 7 8 9 0", so every candidate is right.  On CPU "auto" the
+    # draft is the lead candidate alone -- a chain, which vLLM's causal kernel verifies: N-1 = 2
+    # tokens first, then doubling while accepted in full; never a second candidate or the window.
+    import numpy as np
+
+    from vllm_lookahead.engine.proposer import StepOutcome
+
+    p = _proposer("cpu", ngram_size=3, guess_set_size=3, window_size=2)
+    cycle = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
+    prompt = cycle * 3
+    _bind(p, {"a": prompt})
+    history = prompt + [1]
+    new = [1]
+    lengths = []
+    for _ in range(4):
+        (draft,) = p.propose([new], np.array([len(history)]), np.array([history]))
+        pending = p.pending["a"]
+        assert pending.num_candidates == 1 and pending.window_nodes.size == 0
+        assert len(draft) == pending.tree.size - 1 == pending.lead_tokens
+        assert pending.tree.parents[1:].tolist() == list(range(len(draft)))  # a chain below the root
+        lengths.append(len(draft))
+        nxt = cycle.index(history[-1]) + 1
+        new = [cycle[(nxt + k) % 10] for k in range(len(draft) + 1)]
+        assert new[:-1] == draft  # all accepted, plus the bonus token
+        p.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1))
+        history = history + new
+    assert lengths == [2, 4, 8, 16]

@@ -533,3 +533,14 @@ def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
     assert draft.tree.tokens[1:].tolist() == [4, 4, 4] and draft.num_candidates == 1
     draft = lookahead.propose(5, [5], budget=6)
     assert draft.tree.tokens[1:].tolist() == [4, 4, 4, 1, 2, 3] and draft.num_candidates == 2
+
+
+def test_max_candidates_one_without_window_is_a_chain():
+    params = LookaheadParams(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    lookahead = RequestLookahead(params, [], seed=0)
+    for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
+        lookahead.pool.add(ngram)
+    draft = lookahead.propose(5, [5], window=False, max_candidates=1)
+    assert draft.tree.tokens.tolist() == [5, 6, 7] and draft.num_candidates == 1
+    assert draft.window_nodes.size == 0
+    assert lookahead.propose(5, [5], window=False, max_candidates=2).num_candidates == 2
