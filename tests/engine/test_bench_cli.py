@@ -76,7 +76,8 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
             replayed[cells[1].split(" (")[0]] = float(cells[2])
     assert set(replayed) == {"ngram k=4 lookup 2..4", "lookahead W3 N3 G3"}
     for method, mat in replayed.items():
-        assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.05, (method, mat, by[(method, "code")]["MAT"])
+        # batch-1 MAT counts forwards, which replay reproduces (2026-11-22: equal to 2 decimals, real model)
+        assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.02, (method, mat, by[(method, "code")]["MAT"])
 
     # --replay-max-tokens replays each completion's first N tokens (= the greedy run with max_tokens N).
     short = subprocess.run(

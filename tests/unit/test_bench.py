@@ -251,3 +251,16 @@ def test_bench_options_are_not_abbreviated(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--requests", "7"])  # would otherwise mean --requests-per-slot
     assert exc.value.code == 2
+
+
+def test_batch1_mat_counts_forwards_not_drafts_accepted_past_the_end():
+    # vLLM also counts drafts accepted on a request's last step that fall past max_tokens (or the stop
+    # token) and are discarded: 6 "accepted" per repeat, but 8 tokens came out of 4 forwards.
+    raw = _raw()
+    la = raw["methods"][2]["runs"]
+    la["code"] = [_run([[1, 2, 3, 4], [1, 2, 9, 9]], 0.5, gen=8, acc=6, drafted=40, drafts=4, steps=4)] * 2
+    la["sharegpt@c4"] = [_run([[1, 2, 3, 4]] * 2, 2.0, gen=8, acc=6, drafted=10, drafts=2)]
+    rows = {(r.method, r.workload): r for r in build_rows(raw)}
+    assert rows[("lookahead", "code")].mat == pytest.approx(16 / 8)
+    assert rows[("lookahead", "code")].acceptance == pytest.approx(8 / 80)
+    assert rows[("lookahead", "sharegpt@c4")].mat == pytest.approx(8 / 2)  # several in flight: counters
