@@ -13,9 +13,9 @@ repetition is drafted in O(log) steps -- the same "grow while accepted" idea
 as suffix decoding's adaptive speculation length (Oliaro et al., 2024,
 arXiv:2411.04975), applied to lookahead's pool.
 
-Replayed on recorded greedy outputs of the default model (512 tokens,
-``docs/results.md``) this raised MAT from 2.37 to 2.88 on MT-bench and from 2.88
-to 4.06 on code at cap 32, for 1-2 more draft tokens per step on average.
+On the default model's 512-token benchmark (``docs/results.md``) this raised
+batch-1 MAT from 2.39 to 2.81 on MT-bench and from 2.89 to 3.96 on code, for 1-2
+more draft tokens per step on average.
 """
 
 from __future__ import annotations
