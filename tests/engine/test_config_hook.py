@@ -16,7 +16,8 @@ def test_async_engine_args_accept_lookahead(toy_model):
     config = args.create_engine_config()
     spec = config.speculative_config
     assert spec.method == "custom_class" and spec.model == PROPOSER_PATH
-    assert spec.num_speculative_tokens == 3 * 3 - 1 + 2 * 3
+    # window W*(N-1) - 1, one candidate of N-1 and the lead, which may grow to max_lead_tokens (32)
+    assert spec.num_speculative_tokens == (3 * 3 - 1) + 1 * 3 + 32
     assert config.additional_config["lookahead"]["window_size"] == 3
     assert config.scheduler_config.async_scheduling is False
 
