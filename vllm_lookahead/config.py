@@ -103,6 +103,15 @@ class LookaheadConfig(BaseModel):
             return self.to_core_params().lead_tokens
         return None
 
+    def draft_budget(self, platform: str, num_decoding: int) -> int | None:
+        """Draft nodes each of ``num_decoding`` requests may add so the forward stays within the cap."""
+        budget = self.draft_limit_per_request(platform)
+        cap = self.tokens_per_step_cap(platform)
+        if cap and num_decoding > 0:
+            share = max(0, (cap - num_decoding) // num_decoding)
+            budget = share if budget is None else min(budget, share)
+        return budget
+
     def chain_only(self, platform: str) -> bool:
         """Whether each request drafts one candidate chain and no window on ``platform``."""
         return self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"])

@@ -117,7 +117,7 @@ class LookaheadCandidates:
     def learn(self, history: list[int]) -> None:
         if self._last is not None:
             draft, before = self._last
-            self.state.lead_length.update(draft.lead_tokens, len(history) - before - 1)
+            self.state.adapt_lead(draft, draft.tree.size, len(history) - before - 1)
             self._last = None
         self.state.catch_up(history)
 
@@ -196,7 +196,7 @@ def run_replay(
             keys = {k: v for k, v in cfg.items() if k != "method"}
             config = LookaheadConfig.model_validate(keys, strict=False)
             params = config.to_core_params()
-            b = auto_budget(config) if budget == AUTO else budget
+            b = config.draft_budget("cpu", 1) if budget == AUTO else budget  # the proposer's rule, batch 1
             one = 1 if budget == AUTO and config.chain_only("cpu") else None
             label = f"{m.label} ({'one chain' if one else 'candidates'}, budget {b if b is not None else 'none'})"
             drafters.append((label, lambda prompt, p=params, b=b, one=one: LookaheadCandidates(p, b, prompt, one)))
@@ -208,15 +208,6 @@ def run_replay(
             totals = [replay(prompt, output, make) for prompt, output in pairs]
             results.append(ReplayResult(workload, label, *(sum(t[i] for t in totals) for i in range(3))))
     return results
-
-
-def auto_budget(config: Any) -> int | None:
-    """Draft tokens one request gets per step at batch 1 on CPU (the proposer's rule)."""
-    limit = config.draft_limit_per_request("cpu")
-    cap = config.tokens_per_step_cap("cpu")
-    if cap:
-        limit = cap - 1 if limit is None else min(limit, cap - 1)
-    return limit
 
 
 def to_markdown(results: list[ReplayResult]) -> str:

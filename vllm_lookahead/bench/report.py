@@ -114,7 +114,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
             tokens = sum(len(o) for r in runs for o in r["outputs"])
             if conc == 1 and steps:
                 # One request at a time: count the forwards, and the accepted drafts that were kept.
-                acc = tokens - steps
+                gen, acc = tokens, tokens - steps
             ratios = [_tps(r) / _tps(b) for r, b in zip(runs, ref_runs) if _tps(b) > 0]
             ttfts = [t for r in runs for t in r["ttft_s"]]
             pairs = [(a, b) for r, ref_run in zip(runs, ref_runs) for a, b in zip(r["outputs"], ref_run["outputs"])]
@@ -123,8 +123,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     method=m["method"], workload=name, kind=kind, concurrency=conc,
                     requests=sum(len(r["outputs"]) for r in runs),
                     tokens=tokens,
-                    mat=mean_accepted_tokens({"vllm:generation_tokens": tokens if conc == 1 and steps else gen,
-                                              "vllm:spec_decode_num_accepted_tokens": acc}),
+                    mat=mean_accepted_tokens({"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc}),
                     acceptance=acc / drafted if drafted else math.nan,
                     draft_per_step=drafted / drafts if drafts else 0.0,
                     tok_s=mean(_tps(r) for r in runs),

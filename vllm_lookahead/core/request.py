@@ -137,9 +137,10 @@ class RequestLookahead:
         """Tree nodes the window adds this step (root excluded)."""
         return self.params.window_size * self.window.filled - 1
 
-    def candidates(self, recent: Sequence[int]) -> list[tuple[int, ...]]:
-        """Up to ``G`` distinct continuations for ``recent`` (ends with the root), longest context first."""
-        limit = self.params.guess_set_size
+    def candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[int, ...]]:
+        """Up to ``limit`` (default ``G``) distinct continuations for ``recent`` (ends with the root),
+        longest context first."""
+        limit = self.params.guess_set_size if limit is None else limit
         out: list[tuple[int, ...]] = []
         for pool in self._text_pools():
             if len(out) >= limit:
@@ -150,14 +151,6 @@ class RequestLookahead:
                     if len(out) >= limit:
                         break
         return out
-
-    def continuation(self, recent: Sequence[int]) -> tuple[int, ...] | None:
-        """The most likely continuation of ``recent``: longest context first, most recent first."""
-        for pool in self._text_pools():
-            found = pool.get(recent, 1)
-            if found:
-                return found[0]
-        return None
 
     def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
         """``first`` cut or grown to ``length`` tokens.
@@ -170,10 +163,10 @@ class RequestLookahead:
         draft = list(first[:length])
         while len(draft) < length:
             tail = [*recent, *draft][-self.params.lookup_context :]
-            more = self.continuation(tail)
-            if more is None:
+            more = self.candidates(tail, 1)  # the most likely continuation
+            if not more:
                 break
-            draft.extend(more[: length - len(draft)])
+            draft.extend(more[0][: length - len(draft)])
         return tuple(draft)
 
     def propose(
@@ -258,12 +251,16 @@ class RequestLookahead:
             for pool in self._text_pools():
                 pool.add_sequence(tail, start=start)
 
-        self.lead_length.update(min(draft.lead_tokens, num_nodes_run - 1), num_new - 1)  # lead = nodes 1..lead
+        self.adapt_lead(draft, num_nodes_run, num_new - 1)
         self.known = len(history)
         self.num_steps += 1
         self.num_drafted_tokens += num_nodes_run - 1
         self.num_accepted_draft_tokens += num_new - 1
         self.num_emitted_tokens += num_new
+
+    def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:
+        """Let the lead length follow a step's outcome (``num_accepted`` draft tokens, bonus excluded)."""
+        self.lead_length.update(min(draft.lead_tokens, num_nodes_run - 1), num_accepted)  # lead = nodes 1..lead
 
     def reset(self, prompt_token_ids: Sequence[int]) -> None:
         """After preemption: re-initialise the window, keep the pool."""

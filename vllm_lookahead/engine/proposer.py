@@ -51,8 +51,7 @@ class LookaheadProposer:
         self.params = self.config.to_core_params()
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         device = _device_type(vllm_config)
-        self.step_token_cap = self.config.tokens_per_step_cap(device)
-        self.per_request_limit = self.config.draft_limit_per_request(device)
+        self.device = device
         # CPU "auto": one candidate chain (the lead), no window -- vLLM's causal kernel verifies it.
         self.chain_only = self.config.chain_only(device)
         self.states: dict[str, RequestLookahead] = {}
@@ -112,11 +111,7 @@ class LookaheadProposer:
     # -- helpers ---------------------------------------------------------------------
     def _budget_per_request(self, num_decoding: int) -> int | None:
         """Draft nodes each request may add so the forward stays within the step cap."""
-        budget = self.per_request_limit
-        if self.step_token_cap and num_decoding > 0:
-            share = max(0, (self.step_token_cap - num_decoding) // num_decoding)
-            budget = share if budget is None else min(budget, share)
-        return budget
+        return self.config.draft_budget(self.device, num_decoding)
 
     def _next_draft(
         self,
