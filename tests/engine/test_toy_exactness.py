@@ -95,8 +95,12 @@ def test_toy_greedy_identical(toy_model, baselines, params):
     print(f"{params}: MAT {mat:.2f} (batch 1: {mat1:.2f}), drafts {metrics.get('vllm:spec_decode_num_drafts')}")
     assert metrics.get("vllm:spec_decode_num_drafts", 0) > 0
     if params["guess_set_size"] == 0 and params["ngram_size"] > 2:
-        # no pool, no verification branch: the window only learns, nothing is verifiable
-        assert mat == 1.0
+        # No pool, no verification branch: only a fresh window (one level, sampled from the
+        # prompt) has logits on its level-0 chain, so at most W-1 drafts per request (one
+        # warm-up step each; no preemption at this load) can ever be accepted.
+        accepted = metrics.get("vllm:spec_decode_num_accepted_tokens", 0)
+        assert accepted <= (params["window_size"] - 1) * (len(prompts) + 6)
+        assert mat < 1.05
     else:
         # the toy model's greedy output loops: lookahead must find and accept those n-grams
         # (judged at batch 1, where every config may draft every step)
