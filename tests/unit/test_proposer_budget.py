@@ -96,3 +96,20 @@ def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
         p.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1))
         history = history + new
     assert lengths == [2, 4, 8, 16]
+
+
+def test_initial_window_depends_on_the_prompt_not_on_the_request_id():
+    # vLLM appends a random suffix to request ids, so a window seeded by the id would differ
+    # from run to run (and MAT with it); seeded by the prompt it is the same in every run.
+    prompt, other = list(range(10, 40)), list(range(40, 70))
+
+    def first_level(req_id: str, tokens: list[int], seed: int = 0):
+        p = _proposer("cpu", max_tokens_per_step=0, seed=seed)
+        _bind(p, {req_id: tokens})
+        _step(p, [tokens + [tokens[0]]])
+        return p.states[req_id].window.levels[0].tolist()
+
+    same = first_level("0-1a2b3c4d", prompt)
+    assert first_level("7-ffffeeee", prompt) == same
+    assert first_level("0-1a2b3c4d", other) != same
+    assert first_level("0-1a2b3c4d", prompt, seed=1) != same

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -95,8 +96,9 @@ class LookaheadProposer:
             req_state = runner.requests[req_id]
             state = self.states.get(req_id)
             if state is None:
+                prompt = req_state.prompt_token_ids or []
                 state = RequestLookahead(
-                    self.params, req_state.prompt_token_ids or [], seed=self._seed_for(req_id)
+                    self.params, prompt, seed=self._seed_for(prompt)
                 )
                 self.states[req_id] = state
             if outcome is not None:
@@ -150,11 +152,14 @@ class LookaheadProposer:
         self.stats.on_propose(draft)
         return tokens[:room]
 
-    def _seed_for(self, req_id: str) -> int:
-        # Deterministic per request and identical on every tensor-parallel rank.
-        import zlib
+    def _seed_for(self, prompt_token_ids: Sequence[int]) -> int:
+        """Window RNG seed: a function of the config seed and the prompt only.
 
-        return (self.config.seed * 1_000_003 + zlib.crc32(req_id.encode())) & 0x7FFFFFFF
+        Not of vLLM's request id, which carries a random suffix: the same prompt gets the
+        same initial window in every run (reproducible MAT) and on every tensor-parallel rank.
+        """
+        digest = zlib.crc32(np.asarray(prompt_token_ids, dtype=np.int64).tobytes())
+        return (self.config.seed * 1_000_003 + digest) & 0x7FFFFFFF
 
     def _warn_once(self, reason: str) -> None:
         if reason not in self._warned:
