@@ -15,6 +15,7 @@ size (pool n-grams verified per step and kept per key token).
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -100,7 +101,7 @@ class LookaheadConfig(BaseModel):
     def draft_limit_per_request(self, platform: str) -> int | None:
         """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
         if self.chain_only(platform):
-            return self.to_core_params().lead_tokens
+            return self.core_params.lead_tokens
         return None
 
     def draft_budget(self, platform: str, num_decoding: int) -> int | None:
@@ -124,7 +125,7 @@ class LookaheadConfig(BaseModel):
         G candidates of N-1 tokens each, the first of which may grow to
         max(N-1, max_lead_tokens).
         """
-        return self.to_core_params().max_draft_tokens
+        return self.core_params.max_draft_tokens
 
     @classmethod
     def from_user_dict(cls, spec: dict[str, Any]) -> "LookaheadConfig":
@@ -137,16 +138,21 @@ class LookaheadConfig(BaseModel):
         if "num_speculative_tokens" in fields:
             raise LookaheadConfigError(
                 "lookahead speculative config: field 'num_speculative_tokens' is not accepted; "
-                "the draft size follows from window_size, ngram_size and guess_set_size "
-                "((W*(N-1) - 1) + G*(N-1) tokens per step)"
+                "the draft size follows from window_size, ngram_size, guess_set_size and "
+                "max_lead_tokens ((W*(N-1) - 1) + G*(N-1) tokens per step, plus the lead "
+                "candidate's growth past N-1 up to max_lead_tokens)"
             )
         try:
             return cls(**fields)
         except ValidationError as exc:
             raise LookaheadConfigError(_format_errors(exc, fields)) from None
 
-    def to_core_params(self):
-        """The engine-free parameter object used by :mod:`vllm_lookahead.core`."""
+    @cached_property
+    def core_params(self):
+        """The engine-free parameter object used by :mod:`vllm_lookahead.core`.
+
+        Built once per (frozen) config: the proposer asks for the draft budget every step.
+        """
         from vllm_lookahead.core import LookaheadParams
 
         return LookaheadParams(

@@ -58,7 +58,7 @@ def test_step_cap_auto_per_platform_and_explicit():
             LookaheadConfig.from_user_dict({"max_tokens_per_step": bad})
     with pytest.raises(LookaheadConfigError, match=r"lookup_context' = 0 .*\[1, 8\]"):
         LookaheadConfig.from_user_dict({"lookup_context": 0})
-    assert LookaheadConfig.from_user_dict({"lookup_context": 3}).to_core_params().lookup_context == 3
+    assert LookaheadConfig.from_user_dict({"lookup_context": 3}).core_params.lookup_context == 3
 
 
 def test_shipped_configs_are_valid():

@@ -195,7 +195,7 @@ def run_replay(
         elif cfg["method"] == "lookahead":
             keys = {k: v for k, v in cfg.items() if k != "method"}
             config = LookaheadConfig.model_validate(keys, strict=False)
-            params = config.to_core_params()
+            params = config.core_params
             b = config.draft_budget("cpu", 1) if budget == AUTO else budget  # the proposer's rule, batch 1
             one = 1 if budget == AUTO and config.chain_only("cpu") else None
             label = f"{m.label} ({'one chain' if one else 'candidates'}, budget {b if b is not None else 'none'})"

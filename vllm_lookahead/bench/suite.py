@@ -214,7 +214,6 @@ def run_plan(
                     "enforce_eager": plan.enforce_eager,
                     **plan.engine_overrides,
                 },
-                "max_tokens": plan.max_tokens,
                 "warmup": warmup,
                 "workloads": [
                     {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]],

@@ -35,7 +35,7 @@ def run_job(job: dict) -> dict:
         for w in workloads:
             _say("@@workload", w["name"])
             for prompts in w["repeats"]:
-                run = engine.run(prompts, int(w["concurrency"]), int(w.get("max_tokens", job["max_tokens"])),
+                run = engine.run(prompts, int(w["concurrency"]), int(w["max_tokens"]),
                                  on_finish=lambda: _say("@@done"))
                 runs.setdefault(w["name"], []).append(asdict(run))
     finally:

@@ -49,7 +49,7 @@ class LookaheadProposer:
     def __init__(self, vllm_config: Any) -> None:
         raw = (getattr(vllm_config, "additional_config", None) or {}).get(ADDITIONAL_CONFIG_KEY)
         self.config = LookaheadConfig.model_validate(raw or {}, strict=False)
-        self.params = self.config.to_core_params()
+        self.params = self.config.core_params
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         device = _device_type(vllm_config)
         self.device = device
