@@ -7,12 +7,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from vllm_lookahead.bench.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-SPECBENCH = SHARED / "data" / "specbench" / "questions.jsonl"
+from vllm_lookahead.bench.prompts import SPECBENCH_FILE as SPECBENCH  # shipped with the package
 
 # Two fp32 kernels (vLLM's CPU attention vs the tree path's SDPA) may round
 # differently; a differing token is only tolerated where the no-speculation run's

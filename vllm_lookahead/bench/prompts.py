@@ -16,8 +16,9 @@ Categories (each a list of :class:`Prompt`, selected deterministically):
     truncated mid-file: records are decoded one by one up to the last complete
     one).  Used for the concurrency sweep.
 
-Spec-Bench questions come from ``../shared/data/specbench/questions.jsonl`` next to
-the repository (override with ``--specbench`` or ``$VLLM_LOOKAHEAD_SPECBENCH``).
+Spec-Bench questions ship with the package (``bench/data/specbench_questions.jsonl``,
+Apache-2.0, attribution in ``bench/data/README.md``); override with ``--specbench`` or
+``$VLLM_LOOKAHEAD_SPECBENCH``.
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ class PromptSetError(RuntimeError):
     """A prompt source is missing or unreadable (the message says how to get it)."""
 
 
+SPECBENCH_FILE = Path(__file__).resolve().parent / "data" / "specbench_questions.jsonl"
+
+
 def default_specbench_path() -> Path:
+    """``$VLLM_LOOKAHEAD_SPECBENCH`` if set, else the questions shipped with the package."""
     env = os.environ.get("VLLM_LOOKAHEAD_SPECBENCH")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "specbench" / "questions.jsonl"
+    return Path(env) if env else SPECBENCH_FILE
 
 
 def _specbench_rows(path: Path) -> list[dict]:
