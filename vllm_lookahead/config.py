@@ -11,32 +11,28 @@ the valid range, so ``vllm serve`` fails at start-up with one readable line.
 Symbols follow the paper (Fu et al., 2024, arXiv:2402.02057): W = window size
 (lookahead columns), N = n-gram size (the window has N-1 levels), G = guess set
 size (pool n-grams verified per step and kept per key token).
+
+This is the project's only parameter object: the engine-free core
+(:mod:`vllm_lookahead.core`) reads the same :class:`LookaheadConfig` the engine
+builds from ``--speculative-config``, so code and tests built with
+``LookaheadConfig()`` run the shipped defaults.  Ranges are declared once, on the
+fields; error messages and the README table are derived from (and tested
+against) them.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
+import types
+import typing
 from typing import Annotated, Any, Literal
 
+import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 METHOD_NAME = "lookahead"
-
-# field -> human readable range, used in error messages and the README table.
-FIELD_RANGES: dict[str, str] = {
-    "window_size": "an integer in [1, 64]",
-    "ngram_size": "an integer in [2, 16]",
-    "guess_set_size": "an integer in [0, 64]",
-    "pool_from_prompt": "true or false",
-    "pool_from_output": "true or false",
-    "window_shift": "one of 'one', 'accepted'",
-    "merge_candidates": "true or false",
-    "max_pool_keys": "an integer in [1, 10000000]",
-    "seed": "an integer in [0, 2**31-1]",
-    "lookup_context": "an integer in [1, 8]",
-    "max_lead_tokens": "an integer in [0, 256]",
-    "max_tokens_per_step": "'auto' or an integer in [0, 65536] (0 = no cap)",
-}
+# Key of vLLM's ``additional_config`` (its documented plugin slot, shipped to every
+# engine and worker process with the VllmConfig) under which the validated config travels.
+ADDITIONAL_CONFIG_KEY = "lookahead"
 
 # What max_tokens_per_step="auto" means per platform (see docs/results.md for the CPU figures).
 # On CPU "auto" also limits each request to one candidate chain (N-1 tokens): a chain runs on
@@ -92,6 +88,27 @@ class LookaheadConfig(BaseModel):
         "GPU: no cap)",
     )
 
+    # -- sizes derived from W, N, G ----------------------------------------------------
+    @property
+    def lead_tokens(self) -> int:
+        """Longest lead candidate: ``max(N - 1, max_lead_tokens)``."""
+        return max(self.ngram_size - 1, self.max_lead_tokens)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Upper bound of draft tokens per step (tree nodes minus the root).
+
+        Lookahead branch: W*(N-1) nodes including the root; verification branch:
+        G candidates of N-1 tokens each, the first of which may grow to
+        max(N-1, max_lead_tokens).
+        """
+        levels = self.ngram_size - 1
+        candidates = self.guess_set_size * levels
+        if self.guess_set_size:
+            candidates += self.lead_tokens - levels
+        return (self.window_size * levels - 1) + candidates
+
+    # -- the per-step token cap (engine side) ---------------------------------------------
     def tokens_per_step_cap(self, platform: str) -> int:
         """The cap in effect on ``platform`` ("cpu", "cuda", ...); 0 = none."""
         if self.max_tokens_per_step == "auto":
@@ -101,7 +118,7 @@ class LookaheadConfig(BaseModel):
     def draft_limit_per_request(self, platform: str) -> int | None:
         """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
         if self.chain_only(platform):
-            return self.core_params.lead_tokens
+            return self.lead_tokens
         return None
 
     def draft_budget(self, platform: str, num_decoding: int) -> int | None:
@@ -117,16 +134,7 @@ class LookaheadConfig(BaseModel):
         """Whether each request drafts one candidate chain and no window on ``platform``."""
         return self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"])
 
-    @property
-    def max_draft_tokens(self) -> int:
-        """Upper bound of draft tokens per step (tree nodes minus the root).
-
-        Lookahead branch: W*(N-1) nodes including the root; verification branch:
-        G candidates of N-1 tokens each, the first of which may grow to
-        max(N-1, max_lead_tokens).
-        """
-        return self.core_params.max_draft_tokens
-
+    # -- construction ---------------------------------------------------------------------
     @classmethod
     def from_user_dict(cls, spec: dict[str, Any]) -> "LookaheadConfig":
         """Validate a user's speculative-config dict (``method`` included)."""
@@ -147,26 +155,11 @@ class LookaheadConfig(BaseModel):
         except ValidationError as exc:
             raise LookaheadConfigError(_format_errors(exc, fields)) from None
 
-    @cached_property
-    def core_params(self):
-        """The engine-free parameter object used by :mod:`vllm_lookahead.core`.
-
-        Built once per (frozen) config: the proposer asks for the draft budget every step.
-        """
-        from vllm_lookahead.core import LookaheadParams
-
-        return LookaheadParams(
-            window_size=self.window_size,
-            ngram_size=self.ngram_size,
-            guess_set_size=self.guess_set_size,
-            pool_from_prompt=self.pool_from_prompt,
-            pool_from_output=self.pool_from_output,
-            window_shift=self.window_shift,
-            merge_candidates=self.merge_candidates,
-            max_pool_keys=self.max_pool_keys,
-            lookup_context=self.lookup_context,
-            max_lead_tokens=self.max_lead_tokens,
-        )
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "LookaheadConfig":
+        """The config :func:`vllm_lookahead.engine.startup.translate` stored in ``additional_config``."""
+        raw = (getattr(vllm_config, "additional_config", None) or {}).get(ADDITIONAL_CONFIG_KEY)
+        return cls.model_validate(raw or {}, strict=False)
 
     def summary(self) -> str:
         return (
@@ -178,6 +171,43 @@ class LookaheadConfig(BaseModel):
         )
 
 
+def field_range(name: str) -> str:
+    """The valid values of one field, in words, read off its declaration (e.g. 'an integer in [1, 64]')."""
+    info = LookaheadConfig.model_fields[name]
+    return _describe(info.annotation, info.metadata)
+
+
+def _bounds(metadata: list) -> tuple[Any, Any]:
+    lo = hi = None
+    for m in metadata:
+        if isinstance(m, annotated_types.Ge):
+            lo = m.ge
+        elif isinstance(m, annotated_types.Le):
+            hi = m.le
+    return lo, hi
+
+
+def _describe(annotation: Any, metadata: list) -> str:
+    if annotation is bool:
+        return "true or false"
+    if annotation is int:
+        lo, hi = _bounds(metadata)
+        return f"an integer in [{lo}, {hi}]"
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if origin is Annotated:
+        base, *extra = typing.get_args(annotation)
+        return _describe(base, [*metadata, *[m for e in extra for m in getattr(e, "metadata", [e])]])
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(a, []) for a in typing.get_args(annotation)]
+        literals = [p for p in parts if p.startswith("one of ")]
+        others = [p for p in parts if not p.startswith("one of ")]
+        words = [p.removeprefix("one of ") for p in literals] + others
+        return " or ".join(words)
+    raise TypeError(f"no range description for {annotation!r}")
+
+
 def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
     lines = []
     for err in exc.errors():
@@ -186,7 +216,7 @@ def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
             valid = ", ".join(["method", *LookaheadConfig.model_fields])
             lines.append(f"unknown field '{field}' (value {given.get(field)!r}); valid fields: {valid}")
         else:
-            rng = FIELD_RANGES.get(field, "see the README")
+            rng = field_range(field) if field in LookaheadConfig.model_fields else "see the README"
             line = f"field '{field}' = {given.get(field)!r} is invalid: must be {rng}"
             if line not in lines:  # a union reports one error per member
                 lines.append(line)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.bench.replay import LookaheadCandidates, accepted_by, replay
-from vllm_lookahead.core import LookaheadParams
+from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core.tree import TreeBuilder
 
 
@@ -32,7 +32,7 @@ def test_accepted_is_the_longest_candidate_prefix_the_truth_confirms(chains, tru
 
 
 def test_replay_counts_the_prefill_token_and_learns_the_loop():
-    params = LookaheadParams(window_size=2, ngram_size=3, guess_set_size=2, lookup_context=2)
+    params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=2, lookup_context=2)
     prompt = [5, 6]
     output = [1, 2, 3] * 10
     tokens, steps, drafted = replay(prompt, output, lambda p: LookaheadCandidates(params, 2, p))
@@ -45,6 +45,6 @@ def test_replay_counts_the_prefill_token_and_learns_the_loop():
 
 
 def test_replay_without_drafts_is_one_token_per_forward():
-    params = LookaheadParams(window_size=2, ngram_size=3, guess_set_size=2)
+    params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=2)
     output = list(range(40))  # nothing repeats: no candidate is ever right
     assert replay([100], output, lambda p: LookaheadCandidates(params, 4, p))[:2] == (40, 40)

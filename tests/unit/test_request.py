@@ -9,6 +9,7 @@ output equals plain greedy decoding of the oracle, whatever the parameters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import (
     DraftTree,
-    LookaheadParams,
     RequestLookahead,
     StepDraft,
     greedy_verify,
@@ -62,16 +63,30 @@ def node_argmax(tree: DraftTree, context: list[int], oracle: Oracle) -> np.ndarr
     return argmax
 
 
+@dataclass
+class Counters:
+    """What the engine counts per request: target forwards, draft tokens run, tokens emitted."""
+
+    steps: int = 0
+    drafted: int = 0
+    emitted: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.emitted / self.steps if self.steps else 0.0
+
+
 def simulate(
-    params: LookaheadParams,
+    params: LookaheadConfig,
     prompt: Sequence[int],
     oracle: Oracle,
     max_new: int,
     seed: int = 0,
     choose_run: Callable[[StepDraft], int] | None = None,
     budget: Callable[[int], int | None] | None = None,
-) -> tuple[list[int], RequestLookahead]:
+) -> tuple[list[int], RequestLookahead, Counters]:
     lookahead = RequestLookahead(params, prompt, seed)
+    counters = Counters()
     history = list(prompt) + [oracle(prompt)]  # prefill samples the first token
     step = 0
     while len(history) - len(prompt) < max_new:
@@ -90,8 +105,11 @@ def simulate(
         accepted = accepted[: max_new - (len(history) - len(prompt))]  # max_tokens stop
         history.extend(accepted)
         lookahead.observe(draft, run, argmax, accepted, history)
+        counters.steps += 1
+        counters.drafted += run - 1
+        counters.emitted += len(accepted)
         assert all((level >= 0).all() for level in lookahead.window.levels)
-    return history[len(prompt) :], lookahead
+    return history[len(prompt) :], lookahead, counters
 
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 8, 7, 1]
@@ -100,56 +118,56 @@ PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 8, 7, 1]
 @pytest.mark.parametrize("shift", ["one", "accepted"])
 @pytest.mark.parametrize("merge", [False, True])
 def test_periodic_sequence_accepts_many_tokens_per_step(shift, merge):
-    params = LookaheadParams(window_shift=shift, merge_candidates=merge)
+    params = LookaheadConfig(window_shift=shift, merge_candidates=merge)
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
-    output, lookahead = simulate(params, prompt, oracle, 120)
+    output, lookahead, run = simulate(params, prompt, oracle, 120)
     assert output == greedy_reference(oracle, prompt, 120)
     # prompt n-grams predict the cycle: nearly every step accepts N - 1 drafts
-    assert lookahead.mean_tokens_per_step > 4.5
-    assert lookahead.num_emitted_tokens == 119  # first token came from prefill
-    assert lookahead.num_accepted_draft_tokens == 119 - lookahead.num_steps
+    assert run.tokens_per_step > 4.5
 
 
 def test_window_alone_discovers_ngrams():
-    params = LookaheadParams(pool_from_prompt=False, pool_from_output=False)
+    params = LookaheadConfig(pool_from_prompt=False, pool_from_output=False)
     oracle = periodic_oracle(PERIOD)
     prompt = [3, 1]  # only the entry of the cycle: nothing to copy from
-    output, lookahead = simulate(params, prompt, oracle, 150, seed=5)
+    output, lookahead, run = simulate(params, prompt, oracle, 150, seed=5)
     assert output == greedy_reference(oracle, prompt, 150)
     assert len(lookahead.pool) > 0
-    assert lookahead.mean_tokens_per_step > 3.0
+    assert run.tokens_per_step > 3.0
 
 
 def test_lookahead_beats_one_token_per_step_on_a_random_model():
     """A 2-token-context table model falls into a cycle the pool then learns."""
     oracle = table_oracle(vocab=6, seed=1)
     prompt = [0, 1, 2]
-    output, lookahead = simulate(LookaheadParams(), prompt, oracle, 200)
+    output, lookahead, run = simulate(LookaheadConfig(), prompt, oracle, 200)
     assert output == greedy_reference(oracle, prompt, 200)
-    assert lookahead.mean_tokens_per_step > 2.0
+    assert run.tokens_per_step > 2.0
 
 
 def test_running_only_the_root_degrades_to_plain_decoding():
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
-    output, lookahead = simulate(LookaheadParams(), prompt, oracle, 40, choose_run=lambda d: 1)
+    output, lookahead, run = simulate(LookaheadConfig(), prompt, oracle, 40, choose_run=lambda d: 1)
     assert output == greedy_reference(oracle, prompt, 40)
-    assert lookahead.mean_tokens_per_step == 1.0
-    assert lookahead.num_drafted_tokens == 0
+    assert run.tokens_per_step == 1.0
+    assert run.drafted == 0
 
 
 def test_truncation_to_the_verification_branch_still_accepts():
-    params = LookaheadParams()
+    params = LookaheadConfig()
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
 
-    def verification_only(draft: StepDraft) -> int:
-        return 1 + draft.num_candidates * (params.ngram_size - 1)
+    def verification_only(draft: StepDraft) -> int:  # the root and the candidates, not the window
+        if not draft.num_candidates:
+            return 1
+        return 1 + draft.lead_tokens + (draft.num_candidates - 1) * (params.ngram_size - 1)
 
-    output, lookahead = simulate(params, prompt, oracle, 60, choose_run=verification_only)
+    output, lookahead, run = simulate(params, prompt, oracle, 60, choose_run=verification_only)
     assert output == greedy_reference(oracle, prompt, 60)
-    assert lookahead.mean_tokens_per_step > 3.5
+    assert run.tokens_per_step > 3.5
 
 
 @settings(max_examples=60, deadline=None)
@@ -170,7 +188,7 @@ def test_truncation_to_the_verification_branch_still_accepts():
 def test_lossless_for_any_parameters_and_truncation(
     width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, lead, data
 ):
-    params = LookaheadParams(
+    params = LookaheadConfig(
         window_size=width,
         ngram_size=ngram,
         guess_set_size=guess,
@@ -187,14 +205,14 @@ def test_lossless_for_any_parameters_and_truncation(
     def random_prefix(draft: StepDraft) -> int:
         return data.draw(st.integers(1, draft.tree.size))
 
-    output, lookahead = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix)
+    output, lookahead, run = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix)
     assert output == greedy_reference(oracle, prompt, 25)
     assert lookahead.pool.num_keys <= 3
     assert lookahead.window.filled <= ngram - 1
 
 
 def test_propose_puts_candidates_first_then_the_window():
-    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [9, 9], seed=0)
     lookahead.pool.add((5, 1, 2))
     lookahead.pool.add((5, 1, 3))
@@ -212,7 +230,7 @@ def test_propose_puts_candidates_first_then_the_window():
     assert draft.window_nodes.tolist() == [0, 5, 6]
 
     merged = RequestLookahead(
-        LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2, merge_candidates=True,
+        LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, merge_candidates=True,
                         pool_from_prompt=False),
         [9, 9],
         seed=0,
@@ -225,7 +243,7 @@ def test_propose_puts_candidates_first_then_the_window():
 
 
 def test_request_without_candidates_still_gets_the_window():
-    lookahead = RequestLookahead(LookaheadParams(window_size=4, ngram_size=3), [1, 2], seed=0)
+    lookahead = RequestLookahead(LookaheadConfig(window_size=4, ngram_size=3), [1, 2], seed=0)
     draft = lookahead.propose(77)
     assert draft.num_candidates == 0
     assert draft.tree.size == 4
@@ -233,11 +251,11 @@ def test_request_without_candidates_still_gets_the_window():
 
 
 def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
-    params = LookaheadParams(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False, max_lead_tokens=0)
     assert params.max_draft_tokens == (3 * 3 - 1) + 2 * 3
-    assert LookaheadParams().max_draft_tokens == (7 * 4 - 1) + 7 * 4
-    assert LookaheadParams(max_lead_tokens=32).max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32
-    assert LookaheadParams(max_lead_tokens=32, guess_set_size=0).max_draft_tokens == 7 * 4 - 1
+    assert LookaheadConfig(max_lead_tokens=0).max_draft_tokens == (7 * 4 - 1) + 7 * 4
+    assert LookaheadConfig().max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32  # the lead may grow to 32
+    assert LookaheadConfig(guess_set_size=0).max_draft_tokens == 7 * 4 - 1
     lookahead = RequestLookahead(params, [1, 2, 3], seed=0)
     while not lookahead.window.full:
         lookahead.window.update(np.array([1, 2, 3]), 0, [])
@@ -248,7 +266,7 @@ def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
 
 
 def test_observe_learns_output_ngrams_incrementally():
-    params = LookaheadParams(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [1, 2], seed=0)
     draft = lookahead.propose(2)
     argmax = np.array([8])
@@ -259,7 +277,7 @@ def test_observe_learns_output_ngrams_incrementally():
     assert (8, 9) in lookahead.pool.get(2, 5)
 
     silent = RequestLookahead(
-        LookaheadParams(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False,
+        LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False,
                         pool_from_output=False),
         [1, 2],
         seed=0,
@@ -269,7 +287,7 @@ def test_observe_learns_output_ngrams_incrementally():
 
 
 def test_observe_shifts_the_window_by_the_accepted_draft_count():
-    params = LookaheadParams(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
+    params = LookaheadConfig(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
     lookahead = RequestLookahead(params, [1, 2], seed=0)
     lookahead.window.levels = [np.array([0, 1, 2, 3]), np.array([10, 11, 12, 13])]
     draft = lookahead.propose(50)
@@ -280,7 +298,8 @@ def test_observe_shifts_the_window_by_the_accepted_draft_count():
     levels = [level.tolist() for level in lookahead.window.levels]
     assert levels[0][:2] == [12, 13]  # shifted left by 2 accepted drafts
     assert levels[1][:2] == outputs[2:].tolist()
-    assert set(levels[0][2:] + levels[1][2:]) <= set(history[-5:])
+    tail = 3 + params.lookup_context + params.ngram_size - 2  # new tokens + the n-grams' context
+    assert set(levels[0][2:] + levels[1][2:]) <= set(history[-tail:])
 
 
 class TailOnlyHistory(Sequence[int]):
@@ -304,19 +323,19 @@ class TailOnlyHistory(Sequence[int]):
 
 
 def test_observe_only_reads_the_tail_of_the_history():
-    params = LookaheadParams(window_size=2, ngram_size=4, guess_set_size=2)
+    params = LookaheadConfig(window_size=2, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, list(range(50)), seed=0)
     draft = lookahead.propose(7)
     history = TailOnlyHistory(list(range(1000)) + [7, 8, 9])
     argmax = np.zeros(draft.tree.size, dtype=np.int64)
     lookahead.observe(draft, draft.tree.size, argmax, [8, 9], history)
-    assert history.lowest_read >= len(history) - (2 + params.ngram_size - 1)
+    assert history.lowest_read >= len(history) - (2 + params.lookup_context + params.ngram_size - 2)
     assert lookahead.pool.get(1000 - 1, 2) == [(7, 8, 9)]
 
 
 def test_reset_keeps_the_pool_and_rewinds_the_window():
     oracle = periodic_oracle(PERIOD)
-    _, lookahead = simulate(LookaheadParams(ngram_size=4), PERIOD, oracle, 30)
+    _, lookahead, _ = simulate(LookaheadConfig(ngram_size=4), PERIOD, oracle, 30)
     pool_size = len(lookahead.pool)
     assert lookahead.window.full
     lookahead.reset([4, 4])
@@ -326,7 +345,7 @@ def test_reset_keeps_the_pool_and_rewinds_the_window():
 
 
 def test_observe_validates_its_inputs():
-    lookahead = RequestLookahead(LookaheadParams(window_size=2, ngram_size=3), [1, 2], seed=0)
+    lookahead = RequestLookahead(LookaheadConfig(window_size=2, ngram_size=3), [1, 2], seed=0)
     draft = lookahead.propose(2)
     with pytest.raises(ValueError):
         lookahead.observe(draft, 0, np.zeros(0), [1], [1, 2, 1])
@@ -334,15 +353,6 @@ def test_observe_validates_its_inputs():
         lookahead.observe(draft, 1, np.zeros(2), [1], [1, 2, 1])
     with pytest.raises(ValueError):
         lookahead.observe(draft, 1, np.zeros(1), [], [1, 2])
-
-
-def test_params_are_validated():
-    with pytest.raises(ValueError):
-        LookaheadParams(ngram_size=1)
-    with pytest.raises(ValueError):
-        LookaheadParams(window_shift="sideways")
-    with pytest.raises(ValueError):
-        LookaheadParams(window_size=0)
 
 
 # -- lookup context and per-step budget ------------------------------------------------
@@ -359,17 +369,17 @@ def test_params_are_validated():
     lead=st.integers(0, 20),
 )
 def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed, lead):
-    params = LookaheadParams(
+    params = LookaheadConfig(
         window_size=w, ngram_size=n, guess_set_size=g, lookup_context=context, max_lead_tokens=lead
     )
     oracle = table_oracle(vocab=7, seed=seed)
     prompt = [seed % 7, 1, 2, 3]
-    output, _ = simulate(params, prompt, oracle, 60, seed=seed, budget=lambda step: budgets[step % len(budgets)])
+    output, _, _ = simulate(params, prompt, oracle, 60, seed=seed, budget=lambda step: budgets[step % len(budgets)])
     assert output == greedy_reference(oracle, prompt, 60)
 
 
 def test_window_left_out_when_it_does_not_fit_and_waits():
-    params = LookaheadParams(window_size=4, ngram_size=4, guess_set_size=2)
+    params = LookaheadConfig(window_size=4, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6], seed=0)
     before = [level.copy() for level in lookahead.window.levels]
     draft = lookahead.propose(6, [6], budget=lookahead.window_tokens - 1)
@@ -381,7 +391,7 @@ def test_window_left_out_when_it_does_not_fit_and_waits():
 
 
 def test_candidates_fill_the_budget_in_order_before_the_window():
-    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.pool.add(ngram)
@@ -395,8 +405,8 @@ def test_candidates_fill_the_budget_in_order_before_the_window():
 def test_longer_context_candidates_come_first():
     # After "9 5" the text continued "1 1"; after "8 5" it continued "2 2" (more recently).
     prompt = [9, 5, 1, 1, 0, 8, 5, 2, 2]
-    one = RequestLookahead(LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
-    two = RequestLookahead(LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
+    one = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
+    two = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
     assert one.candidates([9, 5]) == [(2, 2), (1, 1)]  # by the last token only: most recent first
     assert two.candidates([9, 5]) == [(1, 1), (2, 2)]  # "9 5" matched first
     assert two.candidates([8, 5]) == [(2, 2), (1, 1)]
@@ -404,7 +414,7 @@ def test_longer_context_candidates_come_first():
 
 
 def test_context_pools_learn_output_incrementally():
-    params = LookaheadParams(ngram_size=3, guess_set_size=4, lookup_context=3, pool_from_prompt=False)
+    params = LookaheadConfig(ngram_size=3, guess_set_size=4, lookup_context=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     text = [4, 5, 6, 7, 4, 5, 6, 8]
     for end in range(1, len(text) + 1):
@@ -415,7 +425,7 @@ def test_context_pools_learn_output_incrementally():
 
 
 def test_recent_shorter_than_the_lookup_context_is_used_whole():
-    params = LookaheadParams(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
+    params = LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
     lookahead = RequestLookahead(params, [8, 5, 1, 1, 0, 9, 5, 2, 2], seed=0)
     # two tokens of context (the request has just started): "8 5" must still rank first
     draft = lookahead.propose(5, [8, 5], budget=2)
@@ -440,7 +450,7 @@ class _CountingHistory:
 @pytest.mark.parametrize("length", [50, 200_000])
 def test_per_step_work_does_not_grow_with_history_or_pool(length):
     """observe/learn read only the tail of the history; propose reads only the last tokens."""
-    params = LookaheadParams(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
+    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 500, size=length).tolist()
     lookahead = RequestLookahead(params, prompt, seed=0)  # a pool holding up to `length` n-grams
@@ -471,7 +481,7 @@ def _pool_tables(lookahead: RequestLookahead) -> list[dict]:
 )
 def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts, context, from_prompt):
     """A request whose learning was skipped for a while (full batch) ends with the same pools."""
-    params = LookaheadParams(ngram_size=3, guess_set_size=3, lookup_context=context, pool_from_prompt=from_prompt)
+    params = LookaheadConfig(ngram_size=3, guess_set_size=3, lookup_context=context, pool_from_prompt=from_prompt)
     prompt = [1, 2, 3, 1, 2]
     every = RequestLookahead(params, prompt, seed=0)
     bursts = RequestLookahead(params, prompt, seed=0)
@@ -488,7 +498,7 @@ def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts,
 
 
 def test_catch_up_reads_only_the_unseen_tail():
-    params = LookaheadParams(ngram_size=4, guess_set_size=2, lookup_context=3)
+    params = LookaheadConfig(ngram_size=4, guess_set_size=2, lookup_context=3)
     lookahead = RequestLookahead(params, list(range(100)), seed=0)
     history = _CountingHistory(list(range(100)) + [5] * 30)
     lookahead.catch_up(history)
@@ -498,7 +508,7 @@ def test_catch_up_reads_only_the_unseen_tail():
 def test_lead_candidate_grows_by_looking_up_its_own_text():
     # The prompt says "1 2 3 4 5 6 7 8 9" once; with N = 3 each candidate is 2 tokens,
     # and the lead may grow to 6 by asking the pools again after what it drafted.
-    params = LookaheadParams(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
+    params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], seed=0)
     assert lookahead.lead_candidate((2, 3), [0, 1], 6) == (2, 3, 4, 5, 6, 7)
     assert lookahead.lead_candidate((2, 3), [0, 1], 1) == (2,)
@@ -523,7 +533,7 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
 
 
 def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
-    params = LookaheadParams(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
+    params = LookaheadConfig(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2, 3), (5, 4, 4, 4)):
         lookahead.pool.add(ngram)
@@ -536,7 +546,7 @@ def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
 
 
 def test_max_candidates_one_without_window_is_a_chain():
-    params = LookaheadParams(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.pool.add(ngram)

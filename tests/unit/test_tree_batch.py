@@ -1,12 +1,13 @@
 import numpy as np
 import torch
 
-from vllm_lookahead.core import DraftTree, LookaheadParams, RequestLookahead
+from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core import DraftTree, RequestLookahead
 from vllm_lookahead.engine.tree_batch import build_tree_batch, draft_rows_mask, tree_for_scheduled
 
 
 def _draft(seed=0):
-    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=2)
+    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2)
     state = RequestLookahead(params, [5, 6, 7, 5, 6, 8, 5, 6, 9], seed=seed)
     return state.propose(5)
 

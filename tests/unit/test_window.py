@@ -55,15 +55,6 @@ def test_ngram_size_two_is_full_from_start_and_width_one():
     assert not window.full
 
 
-def test_invalid_arguments():
-    with pytest.raises(ValueError):
-        make_window(0, 3)
-    with pytest.raises(ValueError):
-        make_window(3, 1)
-    with pytest.raises(ValueError):
-        make_window(3, 3, shift="two")
-
-
 @pytest.mark.parametrize("width,ngram", SHAPES)
 def test_warm_up_takes_n_minus_2_updates(width, ngram):
     window = make_window(width, ngram)

@@ -14,8 +14,10 @@ gives MAT and draft tokens per step of
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
 
 in seconds per configuration, for tuning candidate policies before an engine run.
-It says nothing about time.  On 2026-11-22 the replayed MAT was 0.01-0.03 below
-the engine's on every category, for ngram and for lookahead's CPU chain.
+It says nothing about time.  Batch-1 MAT (tokens per target forward) is
+reproduced exactly for chain drafts: the engine test (tests/engine/test_bench_cli.py)
+checks replay against the engine's own measurement on the toy model, and on the
+2026-11-22 512-token run the two agreed to two decimals on every category.
 """
 
 from __future__ import annotations
@@ -99,8 +101,8 @@ class LookaheadCandidates:
     (:class:`~vllm_lookahead.core.draft_length.DraftLength`).
     """
 
-    def __init__(self, params: Any, budget: int | None, prompt: list[int], max_candidates: int | None = None) -> None:
-        self.state = RequestLookahead(params, prompt, seed=0)
+    def __init__(self, config: Any, budget: int | None, prompt: list[int], max_candidates: int | None = None) -> None:
+        self.state = RequestLookahead(config, prompt, seed=0)
         self.budget = budget
         self.max_candidates = max_candidates
         self._last: tuple[Any, int] | None = None  # (draft, history length when drafted)
@@ -195,11 +197,10 @@ def run_replay(
         elif cfg["method"] == "lookahead":
             keys = {k: v for k, v in cfg.items() if k != "method"}
             config = LookaheadConfig.model_validate(keys, strict=False)
-            params = config.core_params
             b = config.draft_budget("cpu", 1) if budget == AUTO else budget  # the proposer's rule, batch 1
             one = 1 if budget == AUTO and config.chain_only("cpu") else None
             label = f"{m.label} ({'one chain' if one else 'candidates'}, budget {b if b is not None else 'none'})"
-            drafters.append((label, lambda prompt, p=params, b=b, one=one: LookaheadCandidates(p, b, prompt, one)))
+            drafters.append((label, lambda prompt, c=config, b=b, one=one: LookaheadCandidates(c, b, prompt, one)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram and lookahead only)")
     results = []

@@ -2,13 +2,14 @@
 
 numpy + stdlib only: the token tree, the 2D Jacobi window, the n-gram pool,
 greedy verification, the lead candidate's adaptive length and the per-request
-orchestration.  The vLLM glue in
-``vllm_lookahead.engine`` is written against these names.
+orchestration.  Parameters come from :class:`vllm_lookahead.config.LookaheadConfig`
+(validated there, once).  The vLLM glue in ``vllm_lookahead.engine`` is written
+against these names.
 """
 
 from .draft_length import DraftLength
 from .pool import NgramPool
-from .request import LookaheadParams, RequestLookahead, StepDraft
+from .request import RequestLookahead, StepDraft
 from .tree import DraftTree, TreeBuilder
 from .verify import greedy_verify
 from .window import JacobiWindow
@@ -17,7 +18,6 @@ __all__ = [
     "DraftLength",
     "DraftTree",
     "JacobiWindow",
-    "LookaheadParams",
     "NgramPool",
     "RequestLookahead",
     "StepDraft",

@@ -32,8 +32,6 @@ class DraftLength:
     current: int = 0
 
     def __post_init__(self) -> None:
-        if self.floor < 1:
-            raise ValueError("floor must be >= 1")
         self.maximum = max(self.maximum, self.floor)
         self.current = self.floor
 

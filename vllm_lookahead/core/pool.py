@@ -31,17 +31,10 @@ class NgramPool:
 
     The key is the first token (``context=1``, the paper's pool) or the first
     ``context`` tokens of each stored sequence of ``context + N - 1`` tokens.
+    Sizes come from a validated :class:`~vllm_lookahead.config.LookaheadConfig`.
     """
 
     def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int = 65536, context: int = 1) -> None:
-        if ngram_size < 2:
-            raise ValueError("ngram_size must be >= 2")
-        if guess_set_size < 0:
-            raise ValueError("guess_set_size must be >= 0")
-        if max_keys < 1:
-            raise ValueError("max_keys must be >= 1")
-        if context < 1:
-            raise ValueError("context must be >= 1")
         self.context = context
         self.span = context + ngram_size - 1  # tokens per stored sequence
         self.ngram_size = ngram_size

@@ -21,66 +21,26 @@ Alg. 2) for one request is:
    learn the n-grams of the newly accepted output; the lead length follows
    what was accepted.
 
-The engine glue only moves tokens and argmax arrays in and out; all decisions
-live here.  Per-step cost is bounded by the tree size and the number of new
+The parameters are the validated :class:`~vllm_lookahead.config.LookaheadConfig`
+(read-only here; ``LookaheadConfig()`` = the shipped defaults).  The engine glue
+only moves tokens and argmax arrays in and out; all decisions live here.  Per-step cost is bounded by the tree size and the number of new
 tokens -- never by the pool size or the sequence length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .draft_length import DraftLength
 from .pool import NgramPool
 from .tree import DraftTree, TreeBuilder
-from .window import SHIFT_MODES, JacobiWindow
+from .window import JacobiWindow
 
-
-@dataclass(frozen=True)
-class LookaheadParams:
-    window_size: int = 7  # W: Jacobi window columns
-    ngram_size: int = 5  # N: n-gram length (window has N - 1 levels)
-    guess_set_size: int = 7  # G: candidates verified per step
-    pool_from_prompt: bool = True  # seed the pool with the prompt's n-grams
-    pool_from_output: bool = True  # also learn the n-grams of accepted output
-    window_shift: str = "one"  # "one" | "accepted"
-    merge_candidates: bool = False  # trie-merge candidates sharing a prefix
-    max_pool_keys: int = 65536
-    lookup_context: int = 1  # longest context (tokens) candidates are matched on; 1 = the paper
-    max_lead_tokens: int = 0  # lead candidate grows up to this by re-lookup (<= N - 1: the paper, no growth)
-
-    def __post_init__(self) -> None:
-        if self.window_size < 1:
-            raise ValueError("window_size must be >= 1")
-        if self.ngram_size < 2:
-            raise ValueError("ngram_size must be >= 2")
-        if self.guess_set_size < 0:
-            raise ValueError("guess_set_size must be >= 0")
-        if self.window_shift not in SHIFT_MODES:
-            raise ValueError(f"window_shift must be one of {SHIFT_MODES}")
-        if self.max_pool_keys < 1:
-            raise ValueError("max_pool_keys must be >= 1")
-        if self.lookup_context < 1:
-            raise ValueError("lookup_context must be >= 1")
-        if self.max_lead_tokens < 0:
-            raise ValueError("max_lead_tokens must be >= 0")
-
-    @property
-    def lead_tokens(self) -> int:
-        """Longest lead candidate: ``max(N - 1, max_lead_tokens)``."""
-        return max(self.ngram_size - 1, self.max_lead_tokens)
-
-    @property
-    def max_draft_tokens(self) -> int:
-        """Upper bound of ``DraftTree.size - 1`` for these parameters."""
-        levels = self.ngram_size - 1
-        candidates = self.guess_set_size * levels
-        if self.guess_set_size:
-            candidates += self.lead_tokens - levels
-        return (self.window_size * levels - 1) + candidates
+if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
+    from vllm_lookahead.config import LookaheadConfig
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,11 +52,11 @@ class StepDraft:
 
 
 class RequestLookahead:
-    """Jacobi window + n-gram pool of one request, plus plain-int counters."""
+    """Jacobi window + n-gram pool of one request."""
 
     def __init__(
         self,
-        params: LookaheadParams,
+        params: "LookaheadConfig",
         prompt_token_ids: Sequence[int],
         seed: int,
     ) -> None:
@@ -120,14 +80,6 @@ class RequestLookahead:
                 pool.add_sequence(prompt_token_ids)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
-        self.num_steps = 0
-        self.num_drafted_tokens = 0  # draft tokens actually run by the target
-        self.num_accepted_draft_tokens = 0
-        self.num_emitted_tokens = 0  # accepted drafts + bonus tokens
-
-    @property
-    def mean_tokens_per_step(self) -> float:
-        return self.num_emitted_tokens / self.num_steps if self.num_steps else 0.0
 
     def _text_pools(self) -> list[NgramPool]:
         return [*self.context_pools, self.pool]
@@ -253,10 +205,6 @@ class RequestLookahead:
 
         self.adapt_lead(draft, num_nodes_run, num_new - 1)
         self.known = len(history)
-        self.num_steps += 1
-        self.num_drafted_tokens += num_nodes_run - 1
-        self.num_accepted_draft_tokens += num_new - 1
-        self.num_emitted_tokens += num_new
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:
         """Let the lead length follow a step's outcome (``num_accepted`` draft tokens, bonus excluded)."""

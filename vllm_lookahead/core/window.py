@@ -23,8 +23,6 @@ import numpy as np
 
 from .tree import TreeBuilder
 
-SHIFT_MODES = ("one", "accepted")
-
 
 def _sample(rng: np.random.Generator, tokens: Sequence[int], count: int) -> np.ndarray:
     """``count`` tokens drawn uniformly with replacement (zeros if ``tokens`` is empty)."""
@@ -37,7 +35,11 @@ def _sample(rng: np.random.Generator, tokens: Sequence[int], count: int) -> np.n
 
 
 class JacobiWindow:
-    """``W`` columns by ``N - 1`` levels of Jacobi guesses for one request."""
+    """``W`` columns by ``N - 1`` levels of Jacobi guesses for one request.
+
+    ``window_size``, ``ngram_size`` and ``shift`` ("one" | "accepted") come from a
+    validated :class:`~vllm_lookahead.config.LookaheadConfig` and are not checked again.
+    """
 
     def __init__(
         self,
@@ -47,12 +49,6 @@ class JacobiWindow:
         rng: np.random.Generator,
         shift: str = "one",
     ) -> None:
-        if window_size < 1:
-            raise ValueError("window_size must be >= 1")
-        if ngram_size < 2:
-            raise ValueError("ngram_size must be >= 2")
-        if shift not in SHIFT_MODES:
-            raise ValueError(f"shift must be one of {SHIFT_MODES}, got {shift!r}")
         self.window_size = window_size
         self.ngram_size = ngram_size
         self.shift = shift
