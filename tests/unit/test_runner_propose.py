@@ -1,4 +1,5 @@
-"""The proposer's per-request draft budget from the step cap (engine/proposer.py)."""
+"""The proposal step of the runner's lookahead state (engine/runner.py: RunnerLookahead.propose),
+reached through the ``custom_class`` proposer as vLLM calls it, with a stand-in runner."""
 
 from types import SimpleNamespace
 
@@ -6,40 +7,49 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from vllm_lookahead.config import LookaheadConfig  # noqa: E402
 from vllm_lookahead.engine.proposer import LookaheadProposer  # noqa: E402
+from vllm_lookahead.engine.runner import RunnerLookahead  # noqa: E402
 
 
 def _proposer(device: str, **keys) -> LookaheadProposer:
-    cfg = SimpleNamespace(
-        additional_config={"lookahead": keys},
-        model_config=SimpleNamespace(max_model_len=4096),
-        device_config=SimpleNamespace(device_type=device),
+    """The proposer vLLM would build, attached to a RunnerLookahead over a stand-in runner."""
+    model = SimpleNamespace(max_model_len=4096, uses_mrope=False)
+    vllm_config = SimpleNamespace(
+        additional_config={"lookahead": keys}, model_config=model, device_config=SimpleNamespace(device_type=device)
     )
-    return LookaheadProposer(cfg)
+    proposer = LookaheadProposer(vllm_config)
+    runner = SimpleNamespace(vllm_config=vllm_config, model_config=model, drafter=proposer,
+                             input_batch=SimpleNamespace(req_ids=[]), requests={})
+    RunnerLookahead.of(runner)
+    return proposer
+
+
+def _budgets(device: str, counts, **keys):
+    cfg = LookaheadConfig(**keys)
+    return [cfg.draft_budget(device, n) for n in counts]
 
 
 def test_auto_on_cpu_is_one_chain_per_request_within_24_tokens():
-    p = _proposer("cpu")  # W7 N5 G7, max_lead_tokens 32, max_tokens_per_step "auto"
-    assert [p._budget_per_request(n) for n in (1, 2, 4, 5, 8, 32)] == [23, 11, 5, 3, 2, 0]
-    paper = _proposer("cpu", max_lead_tokens=0)  # candidates of N-1 tokens
-    assert [paper._budget_per_request(n) for n in (1, 2, 4, 5, 8, 32)] == [4, 4, 4, 3, 2, 0]
+    # W7 N5 G7, max_lead_tokens 32, max_tokens_per_step "auto"
+    assert _budgets("cpu", (1, 2, 4, 5, 8, 32)) == [23, 11, 5, 3, 2, 0]
+    # candidates of N-1 tokens
+    assert _budgets("cpu", (1, 2, 4, 5, 8, 32), max_lead_tokens=0) == [4, 4, 4, 3, 2, 0]
 
 
 def test_auto_elsewhere_and_explicit_caps():
-    assert _proposer("cuda")._budget_per_request(8) is None
-    assert _proposer("cpu", max_tokens_per_step=0)._budget_per_request(8) is None
-    capped = _proposer("cpu", max_tokens_per_step=40)
-    assert [capped._budget_per_request(n) for n in (1, 8, 40, 41)] == [39, 4, 0, 0]
+    assert _budgets("cuda", (8,)) == [None]
+    assert _budgets("cpu", (8,), max_tokens_per_step=0) == [None]
+    assert _budgets("cpu", (1, 8, 40, 41), max_tokens_per_step=40) == [39, 4, 0, 0]
 
 
 def _bind(p: LookaheadProposer, prompts: dict[str, list[int]]):
     from vllm import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=1000)
-    p.bind(SimpleNamespace(
-        input_batch=SimpleNamespace(req_ids=list(prompts)),
-        requests={r: SimpleNamespace(prompt_token_ids=t, sampling_params=sp, output_token_ids=[]) for r, t in prompts.items()},
-    ))
+    runner = p.owner.runner
+    runner.input_batch.req_ids = list(prompts)
+    runner.requests = {r: SimpleNamespace(prompt_token_ids=t, sampling_params=sp, output_token_ids=[]) for r, t in prompts.items()}
 
 
 def _step(p: LookaheadProposer, histories: list[list[int]]) -> list[list[int]]:
@@ -60,11 +70,11 @@ def test_a_batch_too_full_to_draft_skips_learning_and_catches_up_later():
     for token in (7, 8, 9, 7, 8):  # two requests decoding: share (3 - 2) // 2 = 0 drafts each
         a, b = a + [token], b + [token]
         assert _step(p, [a, b]) == [[], []]
-    assert p.states == {} and p.pending == {}  # no per-request work while nothing can be drafted
+    assert p.owner.requests == {} and p.owner.pending == {}  # no per-request work while nothing can be drafted
     _bind(p, {"a": prompts["a"]})  # "b" finished: "a" alone may draft (3 - 1) // 1 = 2 nodes
     a = a + [9]
     assert _step(p, [a]) == [[7, 8]]  # learnt "9 7 8" from the tokens it had skipped
-    assert p.states["a"].known == len(a)
+    assert p.owner.requests["a"].known == len(a)
 
 
 
@@ -74,7 +84,7 @@ def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
     # tokens first, then doubling while accepted in full; never a second candidate or the window.
     import numpy as np
 
-    from vllm_lookahead.engine.proposer import StepOutcome
+    from vllm_lookahead.engine.verify_step import StepOutcome
 
     p = _proposer("cpu", ngram_size=3, guess_set_size=3, window_size=2)
     cycle = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
@@ -85,7 +95,7 @@ def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
     lengths = []
     for _ in range(4):
         (draft,) = p.propose([new], np.array([len(history)]), np.array([history]))
-        pending = p.pending["a"]
+        pending = p.owner.pending["a"]
         assert pending.num_candidates == 1 and pending.window_nodes.size == 0
         assert len(draft) == pending.tree.size - 1 == pending.lead_tokens
         assert pending.tree.parents[1:].tolist() == list(range(len(draft)))  # a chain below the root
@@ -93,7 +103,7 @@ def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
         nxt = cycle.index(history[-1]) + 1
         new = [cycle[(nxt + k) % 10] for k in range(len(draft) + 1)]
         assert new[:-1] == draft  # all accepted, plus the bonus token
-        p.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1))
+        p.owner.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1), len(draft))
         history = history + new
     assert lengths == [2, 4, 8, 16]
 
@@ -107,7 +117,7 @@ def test_initial_window_depends_on_the_prompt_not_on_the_request_id():
         p = _proposer("cpu", max_tokens_per_step=0, seed=seed)
         _bind(p, {req_id: tokens})
         _step(p, [tokens + [tokens[0]]])
-        return p.states[req_id].window.levels[0].tolist()
+        return p.owner.requests[req_id].window.levels[0].tolist()
 
     same = first_level("0-1a2b3c4d", prompt)
     assert first_level("7-ffffeeee", prompt) == same

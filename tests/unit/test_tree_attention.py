@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from vllm_lookahead.core import TreeBuilder
 from vllm_lookahead.engine import attention
-from vllm_lookahead.engine.kv import gather_sequence, kv_views
+from vllm_lookahead.engine.kv import PagedKV, gather_sequence, kv_views
 from vllm_lookahead.engine.tree_batch import TreeBatch, TreeRequest, draft_rows_mask
 
 
@@ -30,14 +30,14 @@ def _random_tree(rng, size):
 
 @pytest.mark.parametrize("backend", ["CPU_ATTN", "FLASH_ATTN"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_tree_attention_matches_per_request_reference(backend, seed, monkeypatch):
+def test_batched_tree_attention_matches_per_request_reference(backend, seed):
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     heads, hkv, d, bs, num_blocks = 6, 2, 16, 16, 40
     if backend == "CPU_ATTN":
         cache = torch.randn(num_blocks, hkv, bs, 2 * d)
     else:
-        cache = torch.randn(2, num_blocks, bs, hkv, d)
+        cache = torch.randn(num_blocks, hkv, bs, 2 * d)  # vLLM 0.32: K and V split the last dim
     # Batch: a plain decode row, then three tree requests of different context and tree sizes.
     contexts, sizes = [37, 5, 100], [int(rng.integers(2, 12)) for _ in range(3)]
     perm = torch.from_numpy(rng.permutation(num_blocks))
@@ -66,32 +66,32 @@ def test_batched_tree_attention_matches_per_request_reference(backend, seed, mon
         n = tr.num_nodes
         causal = torch.ones(n - 1, tr.context_len + n, dtype=torch.bool).tril(tr.context_len + 1)
         out.view(tokens, heads, d)[tr.token_start + 1 : tr.token_start + n] = attend(tr, causal)
-    batch = TreeBatch(requests, torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    kv = PagedKV(backend, [cache], bs, layout_checked=True)
+    batch = TreeBatch(requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=block_table, kv=kv)
     impl = SimpleNamespace(num_heads=heads, head_size=d, scale=0.3)
-    meta = SimpleNamespace(block_table=block_table)
-    monkeypatch.setattr(attention, "_BACKEND", backend)
-    monkeypatch.setattr(attention, "_LAYOUT_CHECKED", True)
 
     expected = out.clone().view(tokens, heads, d)
     for tr in requests:
         expected[tr.token_start + 1 : tr.token_start + tr.num_nodes] = attend(tr, draft_rows_mask(tr.tree, tr.context_len))
 
-    attention._fix_draft_rows(impl, query, None, cache, meta, out, batch)
+    attention.fix_draft_rows(impl, query, None, cache, out, batch)
+    assert batch.tree_attention_layers == 1
     torch.testing.assert_close(out.view(tokens, heads, d), expected, rtol=1e-5, atol=1e-5)
     # roots and the plain row are untouched
     untouched = [0] + [tr.token_start for tr in requests]
     torch.testing.assert_close(out.view(tokens, heads, d)[untouched], expected[untouched])
 
 
-def test_chains_need_no_recomputation(monkeypatch):
+def test_chains_need_no_recomputation():
     chain = TreeBuilder(1)
     chain.add_chain(0, [2, 3, 4], True)
     tree = chain.build()
     tr = TreeRequest(0, "r", tree, None, 0, 10, tree.logit_rows())
     assert tr.first_branch_node == 4
-    batch = TreeBatch([tr], torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    batch = TreeBatch([tr], torch.zeros(0), torch.zeros(0), torch.zeros(0),
+                      block_table=torch.zeros(1, 4, dtype=torch.int32), kv=PagedKV("CPU_ATTN", [], 16))
     assert not batch.needs_tree_attention
-    assert batch.padded_draft_rows(torch.zeros(1, 4, dtype=torch.int32), 16) is None
+    assert batch.draft_rows is None
     branched = TreeBuilder(1)
     branched.add_chain(0, [2, 3], True)
     branched.add_chain(0, [5], True)

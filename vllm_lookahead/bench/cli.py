@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-eager", action="store_true", help="let vLLM compile (default: eager, as served on CPU)")
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=JSON",
                    help="extra vLLM engine argument for every method, e.g. --engine-arg dtype='\"bfloat16\"'")
-    p.add_argument("--specbench", default=None, help="Spec-Bench questions.jsonl (default: ../shared/data/specbench)")
+    p.add_argument("--specbench", default=None, help="Spec-Bench questions.jsonl (default: the copy shipped with the package)")
     p.add_argument("--out", default="bench-results", help="output folder (default: %(default)s)")
     p.add_argument("--report-only", metavar="RESULTS_JSON", default=None,
                    help="only rebuild tables and plots from an earlier results.json")
@@ -152,7 +152,7 @@ def register_cli(register_subcommand) -> None:
         add_arguments,
         description=__doc__.split("\n\n")[0].strip().strip("`") + ". " + (
             "Runs the same prompts with the same engine settings through every method (one engine at a "
-            "time, in this process), greedy: one workload per prompt category at batch 1 and a ShareGPT "
+            "time, each in its own worker process, one round per repeat), greedy: one workload per prompt category at batch 1 and a ShareGPT "
             "concurrency sweep. Writes results.json, results.md, results.csv and PNG plots to --out."
         ),
     )

@@ -2,8 +2,9 @@
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, one worker),
 so the benchmark can time the runner's phases directly: :class:`StepTimers`
-wraps four ``GPUModelRunner`` methods for the engine's lifetime (and restores
-them on close).  Every method, including no speculation, is timed by the same
+wraps five ``GPUModelRunner`` methods for the engine's lifetime through the
+plugin's own patch mechanism (:mod:`vllm_lookahead.engine.patching`: signature
+checked, stacked on lookahead's patches, undone on close).  Every method, including no speculation, is timed by the same
 wrappers, so the columns compare like with like:
 
 * ``propose``: ``propose_draft_token_ids`` -- the drafter (vLLM ngram/suffix, or
@@ -46,12 +47,17 @@ ENGINE_DEFAULTS: dict[str, Any] = dict(
     enable_prefix_caching=False,  # repeats and methods must pay the same prefill
 )
 
+RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+# timer -> (runner method, its parameters in vLLM 0.32/0.33)
 TIMED_METHODS = {
-    "step": "execute_model",
-    "prepare": "_prepare_inputs",
-    "propose": "propose_draft_token_ids",
-    "verify": "_sample",
-    "sample": "sample_tokens",
+    "step": ("execute_model", ("self", "scheduler_output", "intermediate_tensors")),
+    "prepare": ("_prepare_inputs", ("self", "scheduler_output", "num_scheduled_tokens")),
+    "propose": ("propose_draft_token_ids", (
+        "self", "scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
+        "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata", "common_attn_metadata",
+        "slot_mappings")),
+    "verify": ("_sample", ("self", "logits", "spec_decode_metadata")),
+    "sample": ("sample_tokens", ("self", "grammar_output")),
 }
 
 
@@ -63,22 +69,21 @@ class StepTimers:
         self.calls = {k: 0 for k in TIMED_METHODS}
         # tokens in the forward -> [calls, seconds] of execute_model
         self.forward_by_tokens: dict[int, list[float]] = {}
-        self._originals: dict[str, Callable] = {}
+        self._patches: Any = None
 
     def install(self) -> None:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        from vllm_lookahead.engine.patching import Patch, PatchSet
 
-        for key, name in TIMED_METHODS.items():
-            original = getattr(GPUModelRunner, name)
-            self._originals[name] = original
-            setattr(GPUModelRunner, name, self._wrap(key, original))
+        self._patches = PatchSet().apply([
+            Patch(f"{RUNNER}.{name}", params, f"bench timer '{key}'", lambda original, k=key: self._wrap(k, original),
+                  tag="bench-timer")
+            for key, (name, params) in TIMED_METHODS.items()
+        ])
 
     def uninstall(self) -> None:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-        for name, original in self._originals.items():
-            setattr(GPUModelRunner, name, original)
-        self._originals.clear()
+        if self._patches is not None:
+            self._patches.undo()
+            self._patches = None
 
     def _wrap(self, key: str, original: Callable) -> Callable:
         seconds, calls, by_tokens = self.seconds, self.calls, self.forward_by_tokens
@@ -99,7 +104,6 @@ class StepTimers:
                         entry[0] += 1
                         entry[1] += dt
 
-        timed.__wrapped__ = original  # type: ignore[attr-defined]
         return timed
 
     def snapshot(self) -> dict[str, float]:

@@ -17,42 +17,26 @@ root: its causal view is its tree view); a step whose trees are all chains --
 one candidate, no window -- runs vLLM's kernels only.  Requests without drafts
 are untouched, so plain decoding keeps vLLM's kernels.  The path is plain torch
 (two matmuls and a softmax; grouped-query heads are stacked as extra query rows
-rather than K/V expanded), so it runs on CPU and, with the FlashAttention cache
-layout, on GPU (not measured here).
+rather than K/V expanded), so it runs on CPU and, reading the cache layout of
+vLLM's FlashAttention, Triton and FlashInfer backends (:mod:`.kv`), on a GPU --
+which has never been done here: this project has no GPU.
 
-The wrapper is installed on the backend's ``AttentionImpl.forward`` (see
-:mod:`vllm_lookahead.engine.patches`) and is inert unless the runner has set an
-active :class:`~vllm_lookahead.engine.tree_batch.TreeBatch` for the current forward.
+The replacement of the backend's ``AttentionImpl.forward`` lives in the patch
+table (:mod:`vllm_lookahead.engine.patches`): it runs vLLM's kernel, then
+:func:`fix_draft_rows` when the step's :class:`~vllm_lookahead.engine.tree_batch.TreeBatch`
+(``runner.current_tree_batch()``) has branching trees.  Everything here is plain
+functions of the batch, so it is tested on CPU against a dense reference for every
+cache layout (tests/unit/test_tree_attention.py, test_gpu_kv_layouts.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from vllm_lookahead.engine.kv import gather_blocks, kv_views
+from vllm_lookahead.engine.kv import gather_blocks
 from vllm_lookahead.engine.tree_batch import TreeBatch
-
-_ACTIVE: Callable[[], TreeBatch | None] | None = None
-_BACKEND: str | None = None
-_LAYOUT_CHECKED = False
-
-
-@contextlib.contextmanager
-def active_tree_batch(provider: Callable[[], TreeBatch | None], backend: str):
-    """While one forward runs, let the attention wrapper ask ``provider()`` for the step's trees.
-
-    A provider rather than the batch itself because vLLM builds the inputs
-    (``_prepare_inputs``) inside the same ``execute_model`` call that runs the forward.
-    """
-    global _ACTIVE, _BACKEND
-    _ACTIVE, _BACKEND = provider, backend
-    try:
-        yield
-    finally:
-        _ACTIVE = None
 
 
 def unsupported_feature(impl: Any) -> str | None:
@@ -71,40 +55,39 @@ def unsupported_feature(impl: Any) -> str | None:
     return None
 
 
-def wrap_forward(original: Callable) -> Callable:
-    """``AttentionImpl.forward`` replacement: vLLM's kernel, then tree rows fixed up."""
+def fix_draft_rows(impl: Any, query: torch.Tensor, key: torch.Tensor, kv_cache: torch.Tensor,
+                   output: torch.Tensor, batch: TreeBatch) -> None:
+    """Recompute the draft rows of ``batch``'s branching trees with the tree mask, in ``output``.
 
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
-        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        batch = _ACTIVE() if _ACTIVE is not None else None
-        if batch is not None and attn_metadata is not None and getattr(self, "attn_type", "decoder") == "decoder":
-            _fix_draft_rows(self, query, key, kv_cache, attn_metadata, output, batch)
-        return result
-
-    forward.__wrapped__ = original  # type: ignore[attr-defined]
-    forward.__lookahead_patch__ = True  # type: ignore[attr-defined]
-    return forward
-
-
-def _fix_draft_rows(impl, query, key, kv_cache, attn_metadata, output, batch: TreeBatch) -> None:
-    global _LAYOUT_CHECKED
+    ``impl`` is the backend's ``AttentionImpl`` (``num_heads``, ``head_size``, ``scale``);
+    ``query``/``key``/``output`` are the layer's flattened-batch tensors and ``kv_cache``
+    its paged cache, which already holds this step's keys and values.
+    """
     if not batch.needs_tree_attention:  # every tree is a chain: vLLM's causal result is exact
         return
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "vllm-lookahead: tree attention is being captured in a CUDA graph; it must run eagerly "
+            "(cudagraph_mode PIECEWISE or NONE, see engine/startup.py)"
+        )
+    kv = batch.kv
+    assert kv is not None
+    batch.tree_attention_layers += 1
     heads, head_size = impl.num_heads, impl.head_size
     q_all = query.view(-1, heads, head_size)
     out_all = output.view(output.shape[0], heads, -1)
-    block_size = kv_views(kv_cache, _BACKEND)[0].shape[2]
-    rows = batch.padded_draft_rows(attn_metadata.block_table, block_size)
+    block_size = kv.block_size
+    rows = batch.draft_rows
     R, Q, NB = rows.num_requests, rows.max_queries, rows.num_blocks
-    k_blocks, v_blocks = gather_blocks(kv_cache, _BACKEND, rows.block_ids)  # [R*NB, Hkv, bs, D]
+    k_blocks, v_blocks = gather_blocks(kv_cache, kv.backend, rows.block_ids)  # [R*NB, Hkv, bs, D]
     hkv = k_blocks.shape[1]
     group = heads // hkv
     length = NB * block_size
     k = k_blocks.view(R, NB, hkv, block_size, -1).permute(0, 2, 4, 1, 3).reshape(R, hkv, -1, length)  # K^T
     v = v_blocks.view(R, NB, hkv, block_size, -1).permute(0, 2, 1, 3, 4).reshape(R, hkv, length, -1)
-    if not _LAYOUT_CHECKED:
-        _check_layout(k[0].transpose(1, 2), key, rows.requests[0])
-        _LAYOUT_CHECKED = True
+    if not kv.layout_checked:
+        _check_layout(k[0].transpose(1, 2), key, rows.requests[0], kv.backend)
+        kv.layout_checked = True
     # Grouped-query attention without expanding K/V: the `group` query heads that
     # share a KV head (head h uses KV head h // group) are stacked as extra rows.
     q = q_all.index_select(0, rows.query_rows).to(k.dtype)  # [R*Q, H, D]
@@ -115,7 +98,7 @@ def _fix_draft_rows(impl, query, key, kv_cache, attn_metadata, output, batch: Tr
     out_all.index_copy_(0, rows.out_rows, o.to(out_all.dtype))
 
 
-def _check_layout(k_gathered: torch.Tensor, key: torch.Tensor, tr) -> None:
+def _check_layout(k_gathered: torch.Tensor, key: torch.Tensor, tr, backend: str) -> None:
     """Once per process: the cache rows we read for this step must be the keys just written."""
     n = tr.num_nodes
     written = key.view(key.shape[0], k_gathered.shape[0], -1)[tr.token_start : tr.token_start + n]
@@ -123,6 +106,6 @@ def _check_layout(k_gathered: torch.Tensor, key: torch.Tensor, tr) -> None:
     if not torch.allclose(read.float(), written.float(), atol=1e-3, rtol=1e-3):
         raise RuntimeError(
             "vllm-lookahead: the KV cache layout of attention backend "
-            f"{_BACKEND!r} is not the one this plugin reads (tree attention would be wrong); "
+            f"{backend!r} is not the one this plugin reads (tree attention would be wrong); "
             "please report the vLLM version and backend"
         )

@@ -8,24 +8,49 @@ rotated with its tree depth = its final position) from its own slot to slot
 ``root + depth``.  Everything else the tree wrote is left behind as garbage in
 slots vLLM considers free.
 
-Two cache layouts are known, each exposed as per-layer K and V views shaped
-``[num_blocks, num_kv_heads, block_size, head_size]``:
+vLLM 0.32 hands every attention backend one tensor per layer with the *logical*
+shape ``[num_blocks, num_kv_heads, block_size, C]``; its *physical* order is one
+of :class:`vllm.v1.kv_cache_layout.KVCacheLayout` (head-major or token-major
+blocks, layers outermost or interleaved per block), expressed as strides, so
+every view below is built by indexing, never by ``.view`` on the raw storage.
+What ``C`` holds depends on the backend:
 
-* ``CPU_ATTN`` (vLLM CPU backend, ISAs ``vec``/``vec16``, i.e. x86 without AMX):
-  ``[num_blocks, num_kv_heads, block_size, 2*head_size]`` storing, per block and
-  head, K transposed (``[head_size, block_size]``) followed by V (``[block_size, head_size]``)
-  -- measured with ``ops.cpu_attn_reshape_and_cache`` (tests/unit/test_kv_layout.py);
-* ``FLASH_ATTN`` (and other NHD backends): ``[2, num_blocks, block_size, num_kv_heads, head_size]``
-  -- not exercised on this CPU-only project's CI.
+* ``CPU_ATTN`` (ISAs ``vec``/``vec16``, x86 without AMX): per block and head,
+  ``2*head_size*block_size`` values = K transposed (``[head_size, block_size]``)
+  then V (``[block_size, head_size]``) -- read off ``ops.cpu_attn_reshape_and_cache``
+  (tests/unit/test_kv_layout.py); its only layout is head-major (LBHNC);
+* ``FLASH_ATTN``, ``TRITON_ATTN``, ``FLASHINFER``: ``C = 2*head_size``, K in
+  ``[..., :head_size]`` and V in ``[..., head_size:]`` of each token's row -- the
+  split their own ``do_kv_cache_update`` makes (``kv_cache.transpose(1, 2).split(
+  head_size, -1)``), in any KVCacheLayout.  Checked on CPU against vLLM's own
+  stride computation for every layout (tests/unit/test_gpu_kv_layouts.py); never
+  run on a GPU here.
+
+Either way :func:`kv_views` yields K and V as ``[num_blocks, num_kv_heads,
+block_size, head_size]``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-SUPPORTED_BACKENDS = ("CPU_ATTN", "FLASH_ATTN", "TRITON_ATTN")
+# Backend name (AttentionBackend.get_name()) -> how C splits into K and V.
+SPLIT_LAST_DIM = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
+SUPPORTED_BACKENDS = ("CPU_ATTN", *SPLIT_LAST_DIM)
 # CPU attention kernels whose cache layout is the one read here (AMX/NEON/... pack K differently).
 SUPPORTED_CPU_ISAS = ("vec", "vec16")
+
+
+@dataclass
+class PagedKV:
+    """The paged KV cache of one worker, as the tree path reads and compacts it."""
+
+    backend: str
+    layer_caches: list[torch.Tensor]  # one logical [blocks, kv_heads, block_size, C] tensor per layer
+    block_size: int  # tokens per block of the block table the runner hands to attention
+    layout_checked: bool = field(default=False)  # set once the first tree step read back its own keys
 
 
 def kv_views(kv_cache: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,12 +61,9 @@ def kv_views(kv_cache: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.
         k = halves[:, :, 0].view(nb, hkv, two_d // 2, bs).transpose(2, 3)
         v = halves[:, :, 1].view(nb, hkv, bs, two_d // 2)
         return k, v
-    if backend in ("FLASH_ATTN", "TRITON_ATTN"):
-        if kv_cache.shape[0] == 2:
-            k, v = kv_cache.unbind(0)
-        else:  # [num_blocks, 2, block_size, num_kv_heads, head_size]
-            k, v = kv_cache.unbind(1)
-        return k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+    if backend in SPLIT_LAST_DIM:
+        head_size = kv_cache.shape[-1] // 2
+        return kv_cache[..., :head_size], kv_cache[..., head_size:]
     raise NotImplementedError(
         f"lookahead tree attention does not know the KV cache layout of attention backend "
         f"{backend!r}; supported: {', '.join(SUPPORTED_BACKENDS)}"
@@ -59,13 +81,10 @@ def gather_sequence(view: torch.Tensor, block_ids: torch.Tensor, length: int) ->
 def gather_blocks(kv_cache: torch.Tensor, backend: str, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the listed blocks, each ``[len(block_ids), num_kv_heads, block_size, head_size]``.
 
-    On the CPU layout K and V of a block are adjacent, so one ``index_select``
-    fetches both; the result is a view into that one copy.
+    K and V of a block are one row of the cache tensor's first dimension in every
+    layout, so one ``index_select`` fetches both; the results are views into that copy.
     """
-    if backend == "CPU_ATTN":
-        return kv_views(kv_cache.index_select(0, block_ids), backend)
-    k, v = kv_views(kv_cache, backend)
-    return k.index_select(0, block_ids), v.index_select(0, block_ids)
+    return kv_views(kv_cache.index_select(0, block_ids), backend)
 
 
 def move_slots(

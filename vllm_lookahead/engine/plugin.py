@@ -1,9 +1,12 @@
 """Entry point ``vllm.general_plugins: lookahead = vllm_lookahead.engine.plugin:register``.
 
 vLLM calls :func:`register` in every process it starts (front end, engine core,
-workers), possibly several times; it installs the config hook and the runner
-patches once per process.  Outside the supported vLLM range it installs nothing
-and says why (vLLM then rejects ``method: lookahead`` itself).
+workers), possibly several times; it applies the patch table
+(:mod:`vllm_lookahead.engine.patches`) once per process.  Outside the supported
+vLLM range, or when a patch cannot be applied safely (a changed signature,
+another plugin already replacing the same method), it applies nothing, says why
+in one line, and vLLM then rejects ``method: lookahead`` itself; engines without
+lookahead are unaffected either way.
 """
 
 from __future__ import annotations
@@ -13,26 +16,31 @@ import sys
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
-_installed = False
+_registered = False
 
 
 def register() -> None:
-    global _installed
-    if _installed:
+    global _registered
+    if _registered:
         return
-    _installed = True
+    _registered = True
+    from vllm_lookahead.engine.patching import PatchError
     from vllm_lookahead.engine.version import UnsupportedVLLMVersion, check_vllm_version
 
     try:
         check_vllm_version()
-    except UnsupportedVLLMVersion as exc:
-        logger.error("%s", exc)
-        print(f"vllm-lookahead: {exc}", file=sys.stderr)
-        return
-    from vllm_lookahead.engine import config_hook, patches
+        from vllm_lookahead.engine import patches
 
-    config_hook.install()
-    patches.install()
+        try:
+            patches.install()
+        except PatchError:
+            patches.INSTALLED.undo()  # all or nothing
+            raise
+    except (UnsupportedVLLMVersion, PatchError) as exc:
+        message = str(exc) if str(exc).startswith("vllm-lookahead") else f"vllm-lookahead: {exc}"
+        logger.error("%s", message)
+        print(message, file=sys.stderr)
+        return
     _install_excepthook()
 
 

@@ -1,51 +1,103 @@
-"""What the lookahead patches do inside vLLM's V1 ``GPUModelRunner`` (CPU runner included).
+"""The one owner of lookahead's state in a worker: :class:`RunnerLookahead`.
 
-The replaced methods live in :mod:`vllm_lookahead.engine.patches`; each calls the
-original and then one function here.  The data path of one step:
+vLLM runs one model runner per worker process; when its drafter is our
+``custom_class`` proposer, the runner gets one ``RunnerLookahead`` (created on
+first use, :meth:`RunnerLookahead.of`).  The patch table
+(:mod:`vllm_lookahead.engine.patches`) calls it at each point of a step, in
+order -- the data path of one step:
 
-``_update_states``   drop state of finished requests, void drafts of preempted ones
-``_prepare_inputs``  :func:`after_prepare_inputs`: lay out the trees the scheduler
-                     sent (:mod:`.tree_batch`), rewrite draft RoPE positions to
-                     ``context + depth`` (KV slots stay linear), choose logits rows
-``execute_model``    forward with :func:`.attention.active_tree_batch` set, so the
-                     attention wrapper applies the tree mask to draft rows
-``_sample``          :func:`.verify_step.verify_step`: verify, compact KV, emit tokens
-``propose_draft_token_ids`` -> :class:`.proposer.LookaheadProposer.propose`
-                     (vLLM's own ``custom_class`` call): window slides, pool learns,
-                     next trees are built
+``_update_states``   :meth:`~RunnerLookahead.on_update_states`: free finished
+                     requests, void drafts of preempted ones, drop last step's batch
+``_prepare_inputs``  :meth:`~RunnerLookahead.on_prepare_inputs`: lay out the trees
+                     the scheduler sent (:mod:`.tree_batch`), rewrite draft RoPE
+                     positions to ``context + depth`` (KV slots stay linear),
+                     choose logits rows
+``AttentionImpl.forward``  reads the batch through :func:`current_tree_batch`
+                     and recomputes branching trees' draft rows (:mod:`.attention`)
+``_sample``          :meth:`~RunnerLookahead.sample`: verify, compact KV
+                     (:mod:`.verify_step`), keep each request's outcome
+``propose_draft_token_ids`` -> the proposer (a thin adapter) ->
+                     :meth:`~RunnerLookahead.propose`: every request's window
+                     slides and pools learn, next trees are built (:mod:`.draft_step`)
+
+State, by lifetime: per engine -- the config, the paged KV cache (:class:`.kv.PagedKV`),
+stats; per request -- :attr:`requests` (window + pools) and :attr:`pending` (the
+tree whose tokens vLLM holds as a linear draft list); per step -- :attr:`batch`
+(from ``_prepare_inputs`` to ``_sample``) and :attr:`outcomes` (from ``_sample``
+to the next ``propose``).  Nothing else in the plugin keeps per-step state.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
+from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core import RequestLookahead, StepDraft
 from vllm_lookahead.engine.attention import unsupported_feature
-from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS
+from vllm_lookahead.engine.draft_step import draft_room, window_seed
+from vllm_lookahead.engine.eligibility import draft_blocker
+from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
 from vllm_lookahead.engine.proposer import LookaheadProposer
+from vllm_lookahead.engine.stats import LookaheadStats
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
+from vllm_lookahead.engine.verify_step import StepOutcome, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
+_CURRENT: "RunnerLookahead | None" = None  # the owner in this process (one model runner per worker)
+
+
+def current_tree_batch() -> TreeBatch | None:
+    """The trees of the step this process is executing, for hooks that are not runner methods
+    (the attention wrapper, the grammar-bitmask hook); None outside a lookahead tree step."""
+    return _CURRENT.batch if _CURRENT is not None else None
+
 
 class RunnerLookahead:
-    """Lookahead's per-runner state, stored on the runner as ``_lookahead``."""
+    """Lookahead's per-worker state and its step hooks (see the module docstring)."""
 
     def __init__(self, runner: Any, proposer: LookaheadProposer) -> None:
-        self.proposer = proposer
-        self.batch: TreeBatch | None = None
-        self.backend: str | None = None
-        self.layer_caches: list[torch.Tensor] = []  # per-layer caches as attention reads them
-        proposer.bind(runner)
         if runner.model_config.uses_mrope:
             raise NotImplementedError("lookahead: M-RoPE models are not supported")
-        logger.info("lookahead decoding active: %s", proposer.config.summary())
+        self.runner = runner
+        self.config: LookaheadConfig = proposer.config
+        self.platform = _device_type(runner.vllm_config)
+        self.max_model_len = int(runner.model_config.max_model_len)
+        # CPU "auto": one candidate chain (the lead), no window -- vLLM's causal kernel verifies it.
+        self.chain_only = self.config.chain_only(self.platform)
+        self.requests: dict[str, RequestLookahead] = {}
+        self.pending: dict[str, StepDraft] = {}
+        self.outcomes: dict[str, StepOutcome] = {}
+        self.batch: TreeBatch | None = None
+        self.kv: PagedKV | None = None
+        self.stats = LookaheadStats()
+        self._warned: set[str] = set()
+        proposer.attach(self)
+        logger.info("lookahead decoding active: %s", self.config.summary())
 
-    def setup_kv(self, runner: Any) -> None:
-        """Called after the KV cache exists: pin the backend and check every layer is supported."""
+    @classmethod
+    def of(cls, runner: Any) -> "RunnerLookahead | None":
+        """The runner's lookahead state, created on first use; None when lookahead is off."""
+        state = runner.__dict__.get("_lookahead", False)
+        if state is False:
+            drafter = getattr(runner, "drafter", None)
+            state = cls(runner, drafter) if isinstance(drafter, LookaheadProposer) else None
+            runner._lookahead = state
+            if state is not None:
+                global _CURRENT
+                _CURRENT = state
+        return state
+
+    # -- engine start-up -----------------------------------------------------------------
+    def setup_kv(self) -> str:
+        """After the KV cache exists: check every layer is one the tree path reproduces and
+        pin the cache as it reads it.  Returns the attention backend's name."""
+        runner = self.runner
         groups = runner.kv_cache_config.kv_cache_groups
         if len(groups) != 1:
             raise NotImplementedError(
@@ -56,6 +108,13 @@ class RunnerLookahead:
         if backend not in SUPPORTED_BACKENDS:
             raise NotImplementedError(
                 f"lookahead: attention backend {backend} is not supported ({', '.join(SUPPORTED_BACKENDS)} are)"
+            )
+        mode = getattr(runner.compilation_config, "cudagraph_mode", None)
+        if mode is not None and mode.has_full_cudagraphs():
+            raise NotImplementedError(
+                f"lookahead: cudagraph_mode {mode.name} captures attention in FULL CUDA graphs, which cannot "
+                "run the eager tree-attention pass; use -cc.cudagraph_mode=PIECEWISE (what the plugin sets "
+                "when it builds the engine config) or NONE"
             )
         ctx = runner.compilation_config.static_forward_context
         caches = []
@@ -72,71 +131,169 @@ class RunnerLookahead:
                 )
             kv = layer.kv_cache
             caches.append(kv[0] if isinstance(kv, (list, tuple)) else kv)
-        self.backend = backend
-        self.layer_caches = caches
+        block_size = kv_views(caches[0], backend)[0].shape[2]
+        table_block_size = runner.input_batch.block_table[0].block_size
+        if block_size != table_block_size:
+            raise NotImplementedError(
+                f"lookahead: the KV cache blocks hold {block_size} tokens but the block table counts "
+                f"{table_block_size} (kernel block splitting); not supported"
+            )
+        self.kv = PagedKV(backend, caches, block_size)
+        return backend
+
+    # -- step hooks, in the order vLLM calls them -----------------------------------------
+    def on_update_states(self, scheduler_output: Any) -> None:
+        self.batch = None
+        self.forget(scheduler_output.finished_req_ids)
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
+        resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
+        self.on_preempted(set(preempted) | set(resumed))
+
+    def on_prepare_inputs(self, scheduler_output: Any, result: tuple) -> tuple:
+        """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
+        self.batch = None
+        self.outcomes.clear()
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if not spec:
+            return result
+        runner = self.runner
+        ib = runner.input_batch
+        num_reqs = ib.num_reqs
+        qsl = runner.query_start_loc.np[: num_reqs + 1]
+        batch = build_tree_batch(
+            req_ids=list(ib.req_ids),
+            scheduled_spec=spec,
+            pending=self.pending,
+            query_start_loc=qsl,
+            num_scheduled=np.diff(qsl),
+            num_computed=ib.num_computed_tokens_cpu[:num_reqs],
+            device=runner.device,
+        )
+        if batch is None:
+            return result
+        rows, positions = batch.positions_update()
+        runner.positions[torch.from_numpy(rows).to(runner.device)] = torch.from_numpy(positions).to(
+            device=runner.device, dtype=runner.positions.dtype
+        )
+        table = ib.block_table[0]
+        batch.slot_mapping = table.slot_mapping.gpu[: int(qsl[-1])]
+        batch.block_table = table.get_device_tensor(num_reqs)
+        batch.kv = self.kv
+        self.batch = batch
+        _, spec_meta, max_sampled = result
+        return batch.logits_indices, spec_meta, max_sampled
+
+    def sample(self, logits: torch.Tensor, spec_decode_metadata: Any) -> Any | None:
+        """This step's ``SamplerOutput``, or None to let vLLM's own ``_sample`` run."""
+        runner = self.runner
+        batch, self.batch = self.batch, None
+        if batch is None:
+            if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+                # No drafts anywhere in the batch: sample exactly as vLLM without
+                # speculation does (its rejection sampler skips logits processors
+                # such as min_p/logit_bias, which lookahead lets through).
+                runner.input_batch.update_async_output_token_ids()
+                return runner.sampler(logits=logits, sampling_metadata=runner.input_batch.sampling_metadata)
+            return None
+        if batch.needs_tree_attention and batch.tree_attention_layers == 0:
+            raise RuntimeError(
+                "vllm-lookahead: this step carried branching trees but no attention layer applied the "
+                "tree mask (a CUDA graph replayed attention, or the attention backend was not patched); "
+                "the drafts' logits would be wrong"
+            )
+        t0 = time.perf_counter()
+        runner.input_batch.update_async_output_token_ids()
+        output, outcomes = verify_step(runner, logits, batch)
+        for req_id, outcome in outcomes.items():
+            self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted)
+            if outcome.draft is not None:
+                self.outcomes[req_id] = outcome
+        self.stats.verify_seconds += time.perf_counter() - t0
+        self.stats.maybe_log()
+        return output
+
+    def propose(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
+    ) -> list[list[int]]:
+        """Observe this step's outcome per request and return next step's draft tokens (vLLM order)."""
+        t0 = time.perf_counter()
+        runner = self.runner
+        drafts: list[list[int]] = []
+        budget = self.config.draft_budget(self.platform, sum(1 for s in sampled_token_ids if s))
+        for i, req_id in enumerate(runner.input_batch.req_ids):
+            new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
+            outcome = self.outcomes.pop(req_id, None)
+            if not new_tokens or (budget == 0 and outcome is None):
+                # Nothing to draft this step (no new token, or a batch too full for drafts):
+                # the pools catch up on the skipped tokens when the request drafts again.
+                self.pending.pop(req_id, None)
+                drafts.append([])
+                continue
+            num_tokens = int(num_tokens_no_spec[i])
+            history = token_ids_cpu[i, :num_tokens]
+            req_state = runner.requests[req_id]
+            state = self.requests.get(req_id)
+            if state is None:
+                prompt = req_state.prompt_token_ids or []
+                state = RequestLookahead(self.config, prompt, seed=window_seed(self.config.seed, prompt))
+                self.requests[req_id] = state
+            if outcome is not None:
+                assert outcome.draft is not None
+                state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history)
+            else:
+                state.catch_up(history)
+            drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], history, budget))
+        self.stats.propose_seconds += time.perf_counter() - t0
+        return drafts
+
+    def _next_draft(
+        self, req_id: str, req_state: Any, state: RequestLookahead, root: int, history: np.ndarray, budget: int | None
+    ) -> list[int]:
+        sp = req_state.sampling_params
+        num_output = len(req_state.output_token_ids)
+        reason = draft_blocker(sp, num_output)
+        room = 0 if reason is not None else draft_room(sp, num_output, len(history), self.max_model_len, budget)
+        if reason is not None:
+            self._warn_once(reason)
+        if room <= 0:
+            self.pending.pop(req_id, None)
+            return []
+        recent = history[max(0, len(history) - self.config.lookup_context) :]
+        if self.chain_only:
+            draft = state.propose(int(root), recent, budget=room, window=False, max_candidates=1)
+        else:
+            draft = state.propose(int(root), recent, budget=room)
+        self.pending[req_id] = draft
+        self.stats.on_propose(draft)
+        return draft.tree.draft_tokens[:room]
+
+    # -- request lifecycle ---------------------------------------------------------------
+    def forget(self, req_ids: Any) -> None:
+        """Finished or aborted requests: drop everything kept for them."""
+        for req_id in req_ids:
+            self.requests.pop(req_id, None)
+            self.pending.pop(req_id, None)
+            self.outcomes.pop(req_id, None)
+
+    def on_preempted(self, req_ids: Any) -> None:
+        """A preempted request recomputes its KV; its draft is void, its pool stays useful."""
+        for req_id in req_ids:
+            self.pending.pop(req_id, None)
+            self.outcomes.pop(req_id, None)
+            state = self.requests.get(req_id)
+            if state is not None and req_id in self.runner.requests:
+                state.reset(self.runner.requests[req_id].prompt_token_ids or [])
+
+    def _warn_once(self, reason: str) -> None:
+        if reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning("lookahead: requests with %s run without drafts (exact, no speedup)", reason)
 
 
-_INSTANCE: RunnerLookahead | None = None  # one model runner per worker process
+def _device_type(vllm_config: Any) -> str:
+    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
+    if device:
+        return str(device)
+    from vllm.platforms import current_platform
 
-
-def current_tree_batch() -> TreeBatch | None:
-    """The trees of the step being executed in this process (for module-level vLLM hooks)."""
-    return _INSTANCE.batch if _INSTANCE is not None else None
-
-
-def get_lookahead(runner: Any) -> RunnerLookahead | None:
-    """The runner's lookahead state, created on first use; None when lookahead is off."""
-    state = runner.__dict__.get("_lookahead", False)
-    if state is False:
-        drafter = getattr(runner, "drafter", None)
-        state = RunnerLookahead(runner, drafter) if isinstance(drafter, LookaheadProposer) else None
-        runner._lookahead = state
-        if state is not None:
-            global _INSTANCE
-            _INSTANCE = state
-    return state
-
-
-def after_update_states(runner: Any, scheduler_output: Any) -> None:
-    la = get_lookahead(runner)
-    if la is None:
-        return
-    la.proposer.forget(scheduler_output.finished_req_ids)
-    preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
-    resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
-    la.proposer.on_preempted(set(preempted) | set(resumed))
-
-
-def after_prepare_inputs(runner: Any, scheduler_output: Any, result: tuple) -> tuple:
-    """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
-    la = get_lookahead(runner)
-    if la is None:
-        return result
-    la.batch = None
-    la.proposer.outcomes.clear()
-    spec = scheduler_output.scheduled_spec_decode_tokens
-    if not spec:
-        return result
-    ib = runner.input_batch
-    num_reqs = ib.num_reqs
-    qsl = runner.query_start_loc.np[: num_reqs + 1]
-    batch = build_tree_batch(
-        req_ids=list(ib.req_ids),
-        scheduled_spec=spec,
-        pending=la.proposer.pending,
-        query_start_loc=qsl,
-        num_scheduled=np.diff(qsl),
-        num_computed=ib.num_computed_tokens_cpu[:num_reqs],
-        device=runner.device,
-    )
-    if batch is None:
-        return result
-    rows, positions = batch.positions_update()
-    runner.positions[torch.from_numpy(rows).to(runner.device)] = torch.from_numpy(positions).to(
-        device=runner.device, dtype=runner.positions.dtype
-    )
-    total = int(qsl[-1])
-    batch.slot_mapping = ib.block_table.block_tables[0].slot_mapping.gpu[:total]
-    la.batch = batch
-    _, spec_meta, max_sampled = result
-    return batch.logits_indices, spec_meta, max_sampled
+    return str(current_platform.device_type)

@@ -12,7 +12,9 @@ draft tokens in tree node order.  This module turns the per-request
 * the rows whose logits are needed (root, verification nodes, last window level)
   and, per request, the row used to sample the root token.
 
-Only torch and numpy here; the runner patches feed it vLLM's arrays.
+Only torch and numpy here; :class:`~vllm_lookahead.engine.runner.RunnerLookahead`
+feeds it vLLM's arrays and owns the batch for the step (the attention wrapper and
+the grammar hook read it through ``runner.current_tree_batch()``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from vllm_lookahead.core import DraftTree, StepDraft
+from vllm_lookahead.engine.kv import PagedKV
 
 
 @dataclass
@@ -59,23 +62,23 @@ class TreeBatch:
     sample_rows: torch.Tensor      # (num_reqs,) logits row used to sample each request's next token
     tree_logit_rows: torch.Tensor  # logits rows of all tree nodes with logits, request by request
     slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
-    _padded: dict | None = None
+    block_table: torch.Tensor | None = None   # (num_reqs, max_blocks) the step's block table
+    kv: PagedKV | None = None                  # the worker's paged KV cache
+    tree_attention_layers: int = 0             # layers whose draft rows got the tree mask this step
 
     @cached_property
     def needs_tree_attention(self) -> bool:
         """Whether any draft row needs the tree mask (False when every tree is a chain)."""
         return any(tr.first_branch_node < tr.num_nodes for tr in self.requests)
 
-    def padded_draft_rows(self, block_table: torch.Tensor, block_size: int) -> "PaddedDraftRows | None":
+    @cached_property
+    def draft_rows(self) -> "PaddedDraftRows | None":
         """The draft rows that need the tree mask, as one padded attention problem.
 
-        Built once per step (per block size); None when no row needs it.
+        Built on first use (the first attention layer of the step); None when no row needs it.
         """
-        if self._padded is None:
-            self._padded = {}
-        if block_size not in self._padded:
-            self._padded[block_size] = PaddedDraftRows.build(self.requests, block_table, block_size)
-        return self._padded[block_size]
+        assert self.block_table is not None and self.kv is not None, "tree batch without KV access"
+        return PaddedDraftRows.build(self.requests, self.block_table, self.kv.block_size)
 
     def logits_rows_as_drafts(self, scheduled_spec: dict[str, list[int]]) -> dict[str, list[int]]:
         """``scheduled_spec_decode_tokens`` as vLLM code that walks logits rows must see it.

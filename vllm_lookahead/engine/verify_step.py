@@ -14,39 +14,50 @@ we instead:
    ``num_computed_tokens += 1 + accepted`` describes the cache truthfully;
 4. return a ``SamplerOutput`` shaped like the rejection sampler's
    (``[num_reqs, max_len]`` padded with -1), which vLLM's bookkeeping,
-   scheduler and Prometheus stats consume unchanged.
+   scheduler and Prometheus stats consume unchanged, and one
+   :class:`StepOutcome` per tree request, which the owner of the step
+   (:class:`~vllm_lookahead.engine.runner.RunnerLookahead`) keeps for the
+   next proposal.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from vllm_lookahead.core import greedy_verify
+from vllm_lookahead.core import StepDraft, greedy_verify
 from vllm_lookahead.engine.kv import move_slots
-from vllm_lookahead.engine.proposer import LookaheadProposer, StepOutcome
 from vllm_lookahead.engine.tree_batch import TreeBatch
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 PLACEHOLDER = -1
 
 
-def verify_step(
-    runner: Any, logits: torch.Tensor, batch: TreeBatch, proposer: LookaheadProposer, backend: str, layer_caches: list[torch.Tensor]
-):
+@dataclass
+class StepOutcome:
+    """What the target forward said about one request's draft."""
+
+    draft: StepDraft | None  # None: draft tokens the plugin did not make (run as a chain)
+    num_nodes: int  # nodes actually run (the scheduler may truncate)
+    argmax: np.ndarray  # (num_nodes,) target argmax per node, -1 where no logits
+    num_accepted: int  # accepted draft tokens (the bonus token not counted)
+
+
+def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[Any, dict[str, StepOutcome]]:
+    """(vLLM ``SamplerOutput``, outcome per tree request id) for one step's logits."""
     from vllm.v1.outputs import LogprobsTensors, SamplerOutput
 
-    t0 = time.perf_counter()
     num_reqs = runner.input_batch.num_reqs
     sampled = runner.sampler(logits=logits[batch.sample_rows], sampling_metadata=runner.input_batch.sampling_metadata)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
     tree_argmax = logits[batch.tree_logit_rows].argmax(dim=-1).cpu().numpy()
 
     outputs: list[list[int]] = [[t] for t in root_tokens]
+    outcomes: dict[str, StepOutcome] = {}
     src_slots: list[int] = []
     dst_slots: list[int] = []
     cursor = 0
@@ -59,7 +70,7 @@ def verify_step(
         root_token = root_tokens[tr.batch_index]
         if argmax[0] != root_token:
             # Cannot happen for eligible (greedy, unprocessed) requests; stay exact if it does.
-            _warn_once(f"sampler and argmax disagree at the root of {tr.req_id}; drafts ignored")
+            logger.warning("lookahead: sampler and argmax disagree at the root of %s; drafts ignored", tr.req_id)
             path, bonus = np.zeros(0, dtype=np.int64), root_token
         else:
             path, bonus = greedy_verify(tr.tree, argmax)
@@ -68,15 +79,14 @@ def verify_step(
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
-        if tr.draft is not None:
-            proposer.outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax)
-        proposer.stats.on_verified(n - 1, len(path))
+        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, len(path))
 
     if src_slots:
+        assert batch.slot_mapping is not None and batch.kv is not None
         slot_mapping = batch.slot_mapping
         rows_src = torch.tensor(src_slots, device=slot_mapping.device)
         rows_dst = torch.tensor(dst_slots, device=slot_mapping.device)
-        move_slots(layer_caches, backend, slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
+        move_slots(batch.kv.layer_caches, batch.kv.backend, slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
 
     max_len = max(len(o) for o in outputs)
     token_ids = torch.full((num_reqs, max_len), PLACEHOLDER, dtype=torch.int32)
@@ -87,9 +97,7 @@ def verify_step(
     logprobs = sampled.logprobs_tensors
     if logprobs is not None and max_len > 1:
         logprobs = _spread_logprobs(logprobs, num_reqs, max_len, LogprobsTensors)
-    proposer.stats.verify_seconds += time.perf_counter() - t0
-    proposer.stats.maybe_log()
-    return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs)
+    return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), outcomes
 
 
 def _spread_logprobs(lp, num_reqs: int, max_len: int, cls):
@@ -106,12 +114,3 @@ def _spread_logprobs(lp, num_reqs: int, max_len: int, cls):
         return out
 
     return cls(spread(lp.logprob_token_ids), spread(lp.logprobs), spread(lp.selected_token_ranks))
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        logger.warning("lookahead: %s", msg)

@@ -1,0 +1,159 @@
+"""The patch mechanism (engine/patching.py) and the patch table (engine/patches.py).
+
+Mechanism tests patch functions of this module; ``_vllm_root`` is pointed at this
+test folder so they count as "vLLM's own", and a function compiled under another
+file name plays another plugin's replacement.  Table tests resolve every entry
+against the vLLM actually installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import pytest
+
+from vllm_lookahead.engine import patching
+from vllm_lookahead.engine.patching import Patch, PatchError, PatchSet
+
+HERE = Path(__file__).resolve().parent
+
+
+class Runner:
+    def step(self, batch, budget):
+        return ("step", batch, budget)
+
+
+def helper(x):
+    return x + 1
+
+
+def _wrap(tag):
+    def make(original):
+        def replacement(*args, **kwargs):
+            return (tag, original(*args, **kwargs))
+
+        return replacement
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def this_folder_is_vllm(monkeypatch):
+    monkeypatch.setattr(patching, "_vllm_root", lambda: str(HERE) + "/")
+    original_step, original_helper = Runner.__dict__["step"], helper
+    yield
+    Runner.step = original_step
+    globals()["helper"] = original_helper
+
+
+STEP = Patch(f"{__name__}:Runner.step", ("self", "batch", "budget"), "why the step changes; details", _wrap("la"))
+
+
+def test_apply_keeps_the_original_logs_once_and_is_idempotent(caplog):
+    original = Runner.__dict__["step"]
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        applied = patching.apply(STEP)
+        again = patching.apply(STEP)
+    assert again is applied
+    assert Runner().step(1, 2) == ("la", ("step", 1, 2))  # wrapped once, not twice
+    assert Runner.step.__wrapped__ is original and applied.original is original
+    assert [r.getMessage() for r in caplog.records] == [f"vllm-lookahead: patched {STEP.target}: why the step changes"]
+
+
+def test_module_function_patch_and_undo():
+    import sys
+
+    patches = PatchSet().apply([Patch(f"{__name__}:helper", ("x",), "r", _wrap("h"))])
+    assert sys.modules[__name__].helper(1) == ("h", 2)
+    patches.undo()
+    assert sys.modules[__name__].helper(1) == 2
+
+
+def test_a_changed_signature_is_refused_naming_the_symbol():
+    bad = Patch(f"{__name__}:Runner.step", ("self", "scheduler_output"), "r", _wrap("la"))
+    with pytest.raises(PatchError, match=r"Runner\.step takes \(self, batch, budget\).*written for \(self, scheduler_output\)"):
+        patching.apply(bad)
+    assert "step" in Runner.__dict__ and not hasattr(Runner.step, patching.MARK)
+
+
+def test_a_missing_symbol_is_refused():
+    with pytest.raises(PatchError, match="does not exist in the installed vLLM"):
+        patching.apply(Patch(f"{__name__}:Runner.gone", ("self",), "r", _wrap("la")))
+
+
+def test_another_plugins_replacement_is_refused():
+    original = Runner.__dict__["step"]
+    namespace: dict = {"functools": functools, "original": original}
+    # functools.wraps copies name, module and __wrapped__ -- the code still lives elsewhere
+    exec(compile(
+        "@functools.wraps(original)\ndef step(self, batch, budget):\n    return original(self, batch, budget)\n",
+        "/opt/other_plugin/patches.py", "exec"), namespace)
+    Runner.step = namespace["step"]
+    with pytest.raises(PatchError, match=r"already been replaced by another plugin .*/opt/other_plugin/patches.py.*VLLM_PLUGINS"):
+        patching.apply(STEP)
+
+
+def test_timers_stack_on_lookahead_and_undo_in_order():
+    lookahead = PatchSet().apply([STEP])
+    timer = Patch(STEP.target, STEP.params, "timer", _wrap("timer"), tag="bench-timer")
+    timers = PatchSet().apply([timer])
+    assert Runner().step(1, 2) == ("timer", ("la", ("step", 1, 2)))
+    with pytest.raises(PatchError, match="patched over it"):
+        lookahead.undo()  # the timer sits on top: undoing below it would drop it silently
+    timers.undo()
+    assert Runner().step(1, 2) == ("la", ("step", 1, 2))
+    lookahead.applied = [patching.applied_record(Runner.__dict__["step"])]
+    lookahead.undo()
+    assert Runner().step(1, 2) == ("step", 1, 2)
+
+
+# -- the table against the installed vLLM ---------------------------------------------
+
+vllm = pytest.importorskip("vllm")
+
+
+@pytest.fixture
+def real_vllm_root(monkeypatch):
+    monkeypatch.undo()  # the autouse fixture pointed the root here
+
+
+def test_every_table_entry_matches_the_installed_vllm(real_vllm_root):
+    from vllm_lookahead.engine.patches import ATTENTION_PATCHES, PATCHES
+
+    checked = []
+    for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
+        try:
+            owner, name = patching.resolve(patch)
+        except PatchError as exc:
+            if "flashinfer" in patch.target and "cannot import" in str(exc):
+                continue  # the flashinfer package is GPU-only; its signature was read from vllm 0.32/0.33 source
+            raise
+        current = vars(owner)[name]
+        assert patching.defined_by_vllm(patching.vllm_original(current)), patch.target
+        patching.check_signature(patch, current)
+        checked.append(patch.target)
+    assert len(checked) >= len(PATCHES) + 3
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
+        assert patch.owner_path[1] in design, f"docs/design.md does not list {patch.target}"
+
+
+def test_a_runner_subclass_overriding_a_patched_method_is_refused(real_vllm_root):
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_lookahead.engine import patches
+
+    patches.install()  # idempotent; inert for engines without lookahead
+    patches.check_runner_class(GPUModelRunner)
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    patches.check_runner_class(CPUModelRunner)  # what runs on this machine
+
+    class Overriding(GPUModelRunner):
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+            return None
+
+    with pytest.raises(RuntimeError, match="overrides _prepare_inputs"):
+        patches.check_runner_class(Overriding)

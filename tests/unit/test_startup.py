@@ -1,0 +1,127 @@
+"""Start-up decisions for GPU settings, checked on the CPU with the config mocked (engine/startup.py).
+
+FULL CUDA graphs would capture attention and skip the eager tree-attention pass on replay;
+the plugin turns them into PIECEWISE graphs when it builds the engine config, and the
+worker refuses a FULL mode that reaches it anyway.  Pipeline and decode-context
+parallelism are refused at start-up.  (Model Runner V2 is checked with vLLM's own
+decision in tests/engine/test_startup.py.)
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.config.compilation import CUDAGraphMode  # noqa: E402
+
+from vllm_lookahead.engine import startup  # noqa: E402
+from vllm_lookahead.engine.startup import LookaheadStartupError, tree_safe_cudagraph_mode  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "requested,expected",
+    [
+        (None, CUDAGraphMode.PIECEWISE),  # vLLM's GPU default (FULL_AND_PIECEWISE) would be FULL
+        (CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE),
+        (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE),
+        (CUDAGraphMode.FULL_DECODE_ONLY, CUDAGraphMode.PIECEWISE),
+        ("full", CUDAGraphMode.PIECEWISE),
+        (CUDAGraphMode.PIECEWISE, None),
+        (CUDAGraphMode.NONE, None),
+    ],
+)
+def test_full_cuda_graphs_become_piecewise_on_gpu_platforms(requested, expected):
+    mode, message = tree_safe_cudagraph_mode(requested, static_graphs=True, enforce_eager=False)
+    assert mode == expected
+    assert (message is None) == (expected is None)
+    if message:
+        assert "PIECEWISE" in message and "tree attention" in message
+    # no CUDA graphs on the platform (this CPU), or an eager model: nothing to change
+    assert tree_safe_cudagraph_mode(requested, static_graphs=False, enforce_eager=False) == (None, None)
+    assert tree_safe_cudagraph_mode(requested, static_graphs=True, enforce_eager=True) == (None, None)
+
+
+def _engine_args(**overrides):
+    args = SimpleNamespace(
+        spec_method=None,
+        speculative_config={"method": "lookahead", "window_size": 3},
+        additional_config=None,
+        compilation_config=SimpleNamespace(cudagraph_mode=None),
+        enforce_eager=False,
+    )
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_prepare_engine_args_translates_and_downgrades_once(monkeypatch, caplog):
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "support_static_graph_mode", classmethod(lambda cls: True))
+    args = _engine_args(compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE))
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        cfg = startup.prepare_engine_args(args)
+    assert cfg.window_size == 3
+    assert args.speculative_config["method"] == "custom_class" and args.additional_config["lookahead"]["window_size"] == 3
+    assert args.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "FULL_AND_PIECEWISE requested, using PIECEWISE" in warnings[0]
+
+    other = _engine_args(speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+                         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL))
+    assert startup.prepare_engine_args(other) is None  # other methods: untouched
+    assert other.compilation_config.cudagraph_mode == CUDAGraphMode.FULL
+
+
+def test_spec_method_flag_is_accepted():
+    args = _engine_args(spec_method="lookahead", speculative_config=None)
+    assert startup.prepare_engine_args(args) is not None
+    assert args.spec_method is None and args.speculative_config["method"] == "custom_class"
+
+
+def _vllm_config(**parallel):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(model=startup.PROPOSER_PATH),
+        use_v2_model_runner=False,
+        attention_config=SimpleNamespace(hisparse_config=None),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1, decode_context_parallel_size=1, **parallel),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.PIECEWISE),
+    )
+
+
+def test_engine_configs_lookahead_cannot_serve_are_refused_naming_the_setting():
+    ok = _vllm_config()
+    startup.check_engine_config(ok)
+    pp = _vllm_config()
+    pp.parallel_config.pipeline_parallel_size = 2
+    dcp = _vllm_config()
+    dcp.parallel_config.decode_context_parallel_size = 2
+    full = _vllm_config()
+    full.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    for config, needle in ((pp, "--pipeline-parallel-size 2"), (dcp, "--decode-context-parallel-size 2"),
+                           (full, "cudagraph_mode FULL_DECODE_ONLY")):
+        with pytest.raises(LookaheadStartupError, match=needle) as err:
+            startup.check_engine_config(config)
+        assert "\n" not in str(err.value)
+    not_lookahead = _vllm_config()
+    not_lookahead.speculative_config = None
+    not_lookahead.parallel_config.pipeline_parallel_size = 2
+    startup.check_engine_config(not_lookahead)  # engines without lookahead are not ours to judge
+
+
+def test_the_worker_refuses_full_cuda_graphs_that_reach_it():
+    """A VllmConfig built without the plugin's EngineArgs hook still cannot run FULL graphs."""
+    from vllm_lookahead.engine.runner import RunnerLookahead
+
+    owner = RunnerLookahead.__new__(RunnerLookahead)
+    owner.runner = SimpleNamespace(
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=[])]),
+        attn_groups=[[SimpleNamespace(backend=SimpleNamespace(get_name=lambda: "FLASH_ATTN"))]],
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE),
+    )
+    with pytest.raises(NotImplementedError, match="FULL_AND_PIECEWISE.*PIECEWISE"):
+        owner.setup_kv()

@@ -1,0 +1,190 @@
+"""How the plugin replaces a vLLM symbol: checked, logged, reversible.
+
+The table of *what* is replaced (and why) is :mod:`vllm_lookahead.engine.patches`;
+this module is the mechanism, also used by the benchmark's step timers
+(:mod:`vllm_lookahead.bench.driver`) so nothing in the project patches vLLM any
+other way.  Applying a :class:`Patch`:
+
+1. resolves ``"module:Owner.name"`` to the class (or module) that holds the symbol
+   and takes the original from the owner's own ``__dict__`` (never an inherited one);
+2. checks the original's parameter names against the ones the patch was written
+   for, so a vLLM release that changed the method fails at start-up with a message
+   naming the symbol instead of misbehaving later;
+3. refuses to stack on a replacement made by another plugin (a function whose code
+   lives outside vLLM's package and is not ours): two plugins rewriting the same
+   runner method cannot both be right;
+4. installs ``make(original)`` (original kept as ``__wrapped__``), logs one line,
+   and returns an :class:`Applied` that :meth:`PatchSet.undo` can revert.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
+
+MARK = "__vllm_lookahead_patch__"  # attribute on every replacement: the Applied record
+
+
+class PatchError(RuntimeError):
+    """A vLLM symbol cannot be patched safely (missing, changed signature, patched by someone else)."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One replaced vLLM symbol.
+
+    ``target``: ``"package.module:Owner.name"`` (a method of a class) or
+    ``"package.module:name"`` (a module-level function, replaced in that module's
+    namespace, which is where the module's own code looks it up);
+    ``params``: the original's parameter names in the vLLM release line we support;
+    ``reason``: why vLLM's own code cannot be used as is (logged, and listed in the docs);
+    ``make``: ``original -> replacement``.
+    """
+
+    target: str
+    params: tuple[str, ...]
+    reason: str
+    make: Callable[[Callable], Callable] = field(compare=False, repr=False)
+    tag: str = "lookahead"  # who applies it: "lookahead" (the plugin) or "bench-timer"
+
+    @property
+    def owner_path(self) -> tuple[str, str]:
+        module, _, qualname = self.target.partition(":")
+        return module, qualname
+
+
+@dataclass
+class Applied:
+    """An installed patch: enough to check it and to put the original back."""
+
+    patch: Patch
+    owner: Any
+    name: str
+    original: Callable
+    replacement: Callable
+
+
+def resolve(patch: Patch) -> tuple[Any, str]:
+    """(owner object, attribute name) of ``patch.target``; raises :class:`PatchError` if absent."""
+    module_name, qualname = patch.owner_path
+    try:
+        owner: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PatchError(f"vllm-lookahead: cannot import {module_name} to patch {patch.target}: {exc}") from exc
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part, None)
+        if owner is None:
+            raise PatchError(f"vllm-lookahead: {patch.target}: {module_name} has no {'.'.join(path)}")
+    if name not in vars(owner):
+        raise PatchError(
+            f"vllm-lookahead: {patch.target} does not exist in the installed vLLM; "
+            "this vLLM release is not supported by this version of the plugin"
+        )
+    return owner, name
+
+
+def applied_record(fn: Any) -> Applied | None:
+    """The :class:`Applied` record of a replacement we installed, else None."""
+    return getattr(fn, MARK, None)
+
+
+def vllm_original(fn: Any) -> Any:
+    """Follow our own replacements (e.g. a timer over a lookahead patch) down to what vLLM defined."""
+    record = applied_record(fn)
+    while record is not None:
+        fn = record.original
+        record = applied_record(fn)
+    return fn
+
+
+def _function(obj: Any) -> Any:
+    return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+
+
+@functools.lru_cache(maxsize=1)
+def _vllm_root() -> str:
+    import vllm
+
+    return os.path.realpath(os.path.dirname(vllm.__file__)) + os.sep
+
+
+def defined_by_vllm(fn: Any) -> bool:
+    """Whether ``fn``'s code is vLLM's own (a wrapper made with functools.wraps is not)."""
+    code = getattr(_function(fn), "__code__", None)
+    if code is None:  # a builtin or a C extension: trust its module name
+        return str(getattr(fn, "__module__", "")).startswith("vllm")
+    return os.path.realpath(code.co_filename).startswith(_vllm_root())
+
+
+def check_signature(patch: Patch, original: Callable) -> None:
+    """Raise :class:`PatchError` unless vLLM's original takes exactly ``patch.params``."""
+    try:
+        found = tuple(inspect.signature(_function(vllm_original(original))).parameters)
+    except (TypeError, ValueError) as exc:
+        raise PatchError(f"vllm-lookahead: cannot read the signature of {patch.target}: {exc}") from exc
+    if found != patch.params:
+        raise PatchError(
+            f"vllm-lookahead: {patch.target} takes ({', '.join(found)}) in the installed vLLM, but the plugin "
+            f"was written for ({', '.join(patch.params)}); this vLLM release is not supported"
+        )
+
+
+def apply(patch: Patch) -> Applied:
+    """Install ``patch`` (see the module docstring); a second call returns the first install."""
+    owner, name = resolve(patch)
+    current = vars(owner)[name]
+    record = applied_record(current)
+    if record is not None and record.patch.target == patch.target and record.patch.tag == patch.tag:
+        return record  # already installed in this process
+    if record is None and not defined_by_vllm(current):
+        fn = _function(current)
+        where = getattr(getattr(fn, "__code__", None), "co_filename", "?")
+        raise PatchError(
+            f"vllm-lookahead: {patch.target} has already been replaced by another plugin "
+            f"({getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')} in {where}); "
+            "lookahead rewrites the same step and cannot run beside it. Load only one of them "
+            "(vLLM's VLLM_PLUGINS environment variable selects the general plugins it loads)."
+        )
+    check_signature(patch, current)
+    replacement = patch.make(current)
+    functools.update_wrapper(replacement, _function(current))
+    replacement.__wrapped__ = current  # type: ignore[attr-defined]
+    applied = Applied(patch, owner, name, current, replacement)
+    setattr(replacement, MARK, applied)
+    setattr(owner, name, replacement)
+    logger.info("vllm-lookahead: patched %s: %s", patch.target, re.split(r" \(|;", patch.reason, maxsplit=1)[0])
+    return applied
+
+
+class PatchSet:
+    """Patches applied together and undone together, last applied first."""
+
+    def __init__(self) -> None:
+        self.applied: list[Applied] = []
+
+    def apply(self, patches: list[Patch] | tuple[Patch, ...]) -> "PatchSet":
+        for patch in patches:
+            self.applied.append(apply(patch))
+        return self
+
+    def undo(self) -> None:
+        """Put the originals back; refuses if a later patch was stacked on one of ours."""
+        while self.applied:
+            a = self.applied.pop()
+            current = vars(a.owner).get(a.name)
+            if current is a.original:
+                continue  # undone already (the same patch was applied twice in this set)
+            if current is not a.replacement:
+                raise PatchError(
+                    f"vllm-lookahead: cannot undo {a.patch.target}: something was patched over it since"
+                )
+            setattr(a.owner, a.name, a.original)

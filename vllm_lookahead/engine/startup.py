@@ -1,0 +1,161 @@
+"""Engine start-up: accept ``{"method": "lookahead", ...}`` and refuse what cannot work.
+
+vLLM 0.32's ``SpeculativeConfig.method`` is a closed ``Literal`` and the config
+forbids unknown keys, so the user's dict cannot reach it as is.  When vLLM builds
+its engine config (``EngineArgs.create_engine_config``, used by ``vllm serve``,
+``LLM(...)`` and ``AsyncEngineArgs`` alike; replaced in :mod:`.patches`):
+
+before vLLM's code (:func:`prepare_engine_args`)
+    the lookahead dict is validated by :class:`~vllm_lookahead.config.LookaheadConfig`
+    (one line naming field, value and range), stored in
+    ``additional_config["lookahead"]`` (vLLM's documented plugin slot, shipped to
+    every engine and worker process) and replaced by vLLM's documented
+    ``method="custom_class"`` proposer hook with ``num_speculative_tokens`` = the
+    largest tree (it sizes the scheduler's budget and the per-position acceptance
+    stats; ``custom_class`` also turns async scheduling off, as CPU-side drafting
+    needs).  FULL CUDA graphs are turned into PIECEWISE ones (:func:`tree_safe_cudagraph_mode`);
+after vLLM's code (:func:`check_engine_config`)
+    the finished ``VllmConfig`` is refused, with the setting to change, when the
+    plugin's V1-runner patches would silently not run or not be right: Model
+    Runner V2, pipeline parallelism, decode context parallelism, FULL CUDA graphs.
+
+Model Runner V2 (``vllm/v1/worker/gpu/``) is vLLM's default on GPU; vLLM 0.32 and
+0.33 (``VllmConfig.use_v2_model_runner``, identical in both) fall back to the V1
+runner for ``custom_class`` -- unless ``VLLM_USE_V2_MODEL_RUNNER=1``, a watermark
+config or HiSparse forces V2, whose speculator factory has no ``custom_class``
+branch (``init_speculator`` raises "custom_class is not supported yet").
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm_lookahead.config import ADDITIONAL_CONFIG_KEY, METHOD_NAME, LookaheadConfig, LookaheadConfigError
+
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
+
+PROPOSER_PATH = "vllm_lookahead.engine.proposer.LookaheadProposer"
+
+
+class LookaheadStartupError(LookaheadConfigError):
+    """An engine configuration lookahead cannot run under (printed as one line at start-up)."""
+
+
+def is_lookahead_request(spec: Any) -> bool:
+    return isinstance(spec, dict) and str(spec.get("method", "")).lower() == METHOD_NAME
+
+
+def is_lookahead_config(speculative_config: Any) -> bool:
+    """Whether a vLLM ``SpeculativeConfig`` is the one :func:`translate` produced."""
+    return speculative_config is not None and getattr(speculative_config, "model", None) == PROPOSER_PATH
+
+
+def translate(spec: dict[str, Any], additional_config: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], LookaheadConfig]:
+    """(vLLM speculative dict, new additional_config, validated lookahead config)."""
+    cfg = LookaheadConfig.from_user_dict(spec)
+    extra = dict(additional_config or {})
+    extra[ADDITIONAL_CONFIG_KEY] = cfg.model_dump()
+    vllm_spec = {
+        "method": "custom_class",
+        "model": PROPOSER_PATH,
+        "num_speculative_tokens": cfg.max_draft_tokens,
+    }
+    return vllm_spec, extra, cfg
+
+
+def tree_safe_cudagraph_mode(requested: Any, static_graphs: bool, enforce_eager: bool) -> tuple[Any, str | None]:
+    """(cudagraph mode to set, log line) -- (None, None) to leave vLLM's choice alone.
+
+    FULL CUDA graphs capture the attention call, so the tree-attention pass (eager
+    Python between vLLM's kernel and the next layer) would be skipped on replay.
+    PIECEWISE graphs leave attention outside the graphs, exactly where the pass runs.
+    vLLM's own default on a GPU is FULL_AND_PIECEWISE; where the platform has no
+    CUDA graphs or the model runs eagerly nothing is changed.  (PIECEWISE without
+    ``torch.compile`` becomes NONE in vLLM's own config checks.)
+    """
+    from vllm.config.compilation import CUDAGraphMode
+
+    if not static_graphs or enforce_eager:
+        return None, None
+    if isinstance(requested, str):
+        requested = CUDAGraphMode[requested.upper()]
+    if requested is None:
+        return CUDAGraphMode.PIECEWISE, (
+            "vllm-lookahead: cudagraph_mode PIECEWISE instead of vLLM's default (FULL_AND_PIECEWISE): "
+            "tree attention runs eagerly between graph pieces and FULL graphs cannot capture it"
+        )
+    if requested.has_full_cudagraphs():
+        return CUDAGraphMode.PIECEWISE, (
+            f"vllm-lookahead: cudagraph_mode {requested.name} requested, using PIECEWISE: "
+            "tree attention runs eagerly between graph pieces and FULL graphs cannot capture it"
+        )
+    return None, None
+
+
+def prepare_engine_args(args: Any) -> LookaheadConfig | None:
+    """Before vLLM builds its config from ``args`` (an ``EngineArgs``); None without lookahead."""
+    if getattr(args, "spec_method", None) == METHOD_NAME:  # --spec-method lookahead
+        args.speculative_config = {**(args.speculative_config or {}), "method": METHOD_NAME}
+        args.spec_method = None
+    if not is_lookahead_request(args.speculative_config):
+        return None
+    args.speculative_config, args.additional_config, cfg = translate(args.speculative_config, args.additional_config)
+    logger.info("vllm-lookahead: speculative method 'lookahead' %s", cfg.summary())
+    from vllm.platforms import current_platform
+
+    compilation = args.compilation_config
+    mode, message = tree_safe_cudagraph_mode(
+        getattr(compilation, "cudagraph_mode", None),
+        current_platform.support_static_graph_mode(),
+        bool(getattr(args, "enforce_eager", False)),
+    )
+    if mode is not None:
+        compilation.cudagraph_mode = mode
+        logger.warning("%s", message)
+    return cfg
+
+
+def engine_config_problems(vllm_config: Any) -> list[str]:
+    """Why lookahead cannot run under this ``VllmConfig`` (empty: it can), each naming the setting."""
+    problems = []
+    if vllm_config.use_v2_model_runner:
+        if getattr(vllm_config.attention_config, "hisparse_config", None) is not None:
+            why = "HiSparse (attention_config.hisparse_config) requires it"
+        elif getattr(vllm_config, "watermark_config", None) is not None:
+            why = "watermarking (--watermark-config) requires it"
+        else:
+            why = "VLLM_USE_V2_MODEL_RUNNER=1 forces it"
+        problems.append(
+            f"vLLM would run Model Runner V2 ({why}); lookahead patches the V1 model runner, which vLLM "
+            "uses for method custom_class otherwise -- unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0) "
+            "and drop the V2-only feature"
+        )
+    parallel = vllm_config.parallel_config
+    if parallel.pipeline_parallel_size > 1:
+        problems.append(
+            f"pipeline parallelism (--pipeline-parallel-size {parallel.pipeline_parallel_size}) is not "
+            "supported: the draft trees live on the last stage only; use tensor parallelism"
+        )
+    dcp = getattr(parallel, "decode_context_parallel_size", 1) or 1
+    if dcp > 1:
+        problems.append(
+            f"decode context parallelism (--decode-context-parallel-size {dcp}) is not supported: "
+            "tree attention reads each request's whole KV cache on one rank"
+        )
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    if mode is not None and mode.has_full_cudagraphs():
+        problems.append(
+            f"cudagraph_mode {mode.name} captures attention in FULL CUDA graphs, which cannot run the "
+            "eager tree-attention pass; use -cc.cudagraph_mode=PIECEWISE or --enforce-eager"
+        )
+    return problems
+
+
+def check_engine_config(vllm_config: Any) -> None:
+    """After vLLM built its config: raise :class:`LookaheadStartupError` listing every problem."""
+    if not is_lookahead_config(getattr(vllm_config, "speculative_config", None)):
+        return
+    problems = engine_config_problems(vllm_config)
+    if problems:
+        raise LookaheadStartupError("lookahead cannot run with this engine configuration: " + "; ".join(problems))
