@@ -95,6 +95,19 @@ def test_another_plugins_replacement_is_refused():
         patching.apply(STEP)
 
 
+def test_library_decorators_vllm_applies_are_not_another_plugin():
+    import torch
+
+    @torch.inference_mode()
+    def decorated(x):
+        return x
+
+    assert patching.defined_by_vllm(decorated)  # torch's wrapper, around code "of vLLM" (this folder)
+    foreign: dict = {}
+    exec(compile("def f(x):\n    return x\n", "/opt/other_plugin/patches.py", "exec"), foreign)
+    assert not patching.defined_by_vllm(torch.inference_mode()(foreign["f"]))
+
+
 def test_timers_stack_on_lookahead_and_undo_in_order():
     lookahead = PatchSet().apply([STEP])
     timer = Patch(STEP.target, STEP.params, "timer", _wrap("timer"), tag="bench-timer")
@@ -135,6 +148,14 @@ def test_every_table_entry_matches_the_installed_vllm(real_vllm_root):
         patching.check_signature(patch, current)
         checked.append(patch.target)
     assert len(checked) >= len(PATCHES) + 3
+    # the benchmark's step timers are patches too (execute_model is under @torch.inference_mode())
+    from vllm_lookahead.bench.driver import RUNNER, TIMED_METHODS
+
+    for key, (name, params) in TIMED_METHODS.items():
+        timer = Patch(f"{RUNNER}.{name}", params, key, _wrap(key), tag="bench-timer")
+        owner, attr = patching.resolve(timer)
+        assert patching.defined_by_vllm(patching.vllm_original(vars(owner)[attr])), timer.target
+        patching.check_signature(timer, vars(owner)[attr])
     design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
         assert patch.owner_path[1] in design, f"docs/design.md does not list {patch.target}"

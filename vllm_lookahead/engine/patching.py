@@ -117,12 +117,33 @@ def _vllm_root() -> str:
     return os.path.realpath(os.path.dirname(vllm.__file__)) + os.sep
 
 
+@functools.lru_cache(maxsize=1)
+def _decorator_roots() -> tuple[str, ...]:
+    """Where the code of decorators vLLM itself applies lives (``torch.inference_mode()``,
+    ``functools``/``contextlib`` wrappers): a wrapper from there is followed to what it wraps."""
+    import torch
+
+    return (os.path.realpath(os.path.dirname(torch.__file__)) + os.sep,
+            os.path.realpath(os.path.dirname(functools.__file__)) + os.sep)
+
+
 def defined_by_vllm(fn: Any) -> bool:
-    """Whether ``fn``'s code is vLLM's own (a wrapper made with functools.wraps is not)."""
-    code = getattr(_function(fn), "__code__", None)
-    if code is None:  # a builtin or a C extension: trust its module name
-        return str(getattr(fn, "__module__", "")).startswith("vllm")
-    return os.path.realpath(code.co_filename).startswith(_vllm_root())
+    """Whether ``fn`` is vLLM's own code, possibly under library decorators vLLM applies
+    (``@torch.inference_mode()``).  A wrapper made elsewhere -- another plugin's, even with
+    ``functools.wraps`` -- is not."""
+    for _ in range(16):
+        fn = _function(fn)
+        code = getattr(fn, "__code__", None)
+        if code is None:  # a builtin or a C extension: trust its module name
+            return str(getattr(fn, "__module__", "")).startswith("vllm")
+        filename = os.path.realpath(code.co_filename)
+        if filename.startswith(_vllm_root()):
+            return True
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None or not filename.startswith(_decorator_roots()):
+            return False
+        fn = inner
+    return False
 
 
 def check_signature(patch: Patch, original: Callable) -> None:
