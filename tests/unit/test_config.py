@@ -35,7 +35,8 @@ def test_translate_to_vllm_custom_class():
     from vllm_lookahead.engine.startup import PROPOSER_PATH, translate
 
     spec, extra, cfg = translate({"method": "lookahead", "window_size": 3, "ngram_size": 2, "guess_set_size": 0}, {"x": 1})
-    assert spec == {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 2}
+    assert spec == {"method": "custom_class", "model": PROPOSER_PATH, "num_speculative_tokens": 2,
+                    "num_speculative_tokens_per_batch_size": [(1, 1 << 20, 2)]}
     assert extra["x"] == 1 and extra["lookahead"]["window_size"] == 3
     assert LookaheadConfig.model_validate(extra["lookahead"]) == cfg
 

@@ -36,6 +36,7 @@ from vllm_lookahead.config import ADDITIONAL_CONFIG_KEY, METHOD_NAME, LookaheadC
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 PROPOSER_PATH = "vllm_lookahead.engine.proposer.LookaheadProposer"
+MAX_BATCH = 1 << 20  # the end of the single batch-size range of the draft-length schedule
 
 
 class LookaheadStartupError(LookaheadConfigError):
@@ -60,6 +61,12 @@ def translate(spec: dict[str, Any], additional_config: dict[str, Any] | None) ->
         "method": "custom_class",
         "model": PROPOSER_PATH,
         "num_speculative_tokens": cfg.max_draft_tokens,
+        # One schedule entry covering every batch size with the same K = static speculation as
+        # far as draft lengths go.  Declaring it switches off vLLM's padding of a request whose
+        # prompt is all in the prefix cache to 1 + K placeholder rows on its first decode step
+        # ("to preserve full cudagraph", v1/core/sched/scheduler.py) -- with K = the largest
+        # lookahead tree that is up to 83 rows of -1 tokens run through the model for nothing.
+        "num_speculative_tokens_per_batch_size": [(1, MAX_BATCH, cfg.max_draft_tokens)],
     }
     return vllm_spec, extra, cfg
 
