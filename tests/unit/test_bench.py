@@ -264,3 +264,39 @@ def test_batch1_mat_counts_forwards_not_drafts_accepted_past_the_end():
     assert rows[("lookahead", "code")].mat == pytest.approx(16 / 8)
     assert rows[("lookahead", "code")].acceptance == pytest.approx(8 / 80)
     assert rows[("lookahead", "sharegpt@c4")].mat == pytest.approx(8 / 2)  # several in flight: counters
+
+
+def test_temperature_and_concurrency_variants_get_their_own_prompts(tmp_path):
+    from vllm_lookahead.bench.suite import Plan, build_workloads
+
+    rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(40)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2, repeats=2,
+                concurrency=[], specbench=str(path), temperatures=[0.0, 0.7], category_concurrency=[1, 4])
+    workloads = build_workloads(plan, _Tok())
+    assert [(w.name, w.concurrency, w.temperature, w.category) for w in workloads] == [
+        ("qa", 1, 0.0, "qa"), ("qa@T0.7", 1, 0.7, "qa"), ("qa@c4", 4, 0.0, "qa"), ("qa@c4@T0.7", 4, 0.7, "qa")]
+    seen = [p.prompt_id for w in workloads for rep in w.prompts for p in rep]
+    assert len(seen) == len(set(seen)) == 4 * 2 * 2
+    # the default plan picks the same prompts as before the variants existed (old results replay)
+    default = build_workloads(Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2,
+                                   repeats=2, concurrency=[], specbench=str(path)), _Tok())
+    assert [p.prompt_id for rep in default[0].prompts for p in rep] == [p.prompt_id for rep in workloads[0].prompts for p in rep]
+
+
+def test_sampled_workloads_are_summarised_and_not_compared_token_by_token():
+    raw = _raw()
+    raw["plan"]["temperatures"] = [0.0, 0.7]
+    raw["workloads"].append({"name": "code@T0.7", "kind": "category", "concurrency": 1, "temperature": 0.7,
+                             "category": "code"})
+    raw["methods"][0]["runs"]["code@T0.7"] = [_run([[5, 6]], 1.0, gen=2, steps=2)]
+    raw["methods"][2]["runs"]["code@T0.7"] = [_run([[7, 8]], 0.5, gen=2, acc=1, drafted=4, drafts=1, steps=1)]
+    rows = {(r.method, r.workload): r for r in build_rows(raw)}
+    sampled = rows[("lookahead", "code@T0.7")]
+    assert (sampled.exact, sampled.compared, sampled.temperature, sampled.category) == (0, 0, 0.7, "code")
+    assert sampled.speedup == pytest.approx(2.0) and sampled.mat == pytest.approx(2.0)
+    md = to_markdown(raw, build_rows(raw))
+    assert "## Summary: MAT / speedup over no speculation, per category" in md
+    assert "**1 in flight, temperature 0.7**" in md and "| code | 2.00 / 2.00x |" in md
+    assert "## Batch 1, temperature 0.7, per prompt category" in md and "| sampled |" in md

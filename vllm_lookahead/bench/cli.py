@@ -28,6 +28,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--categories", nargs="*", default=list(DEFAULT_CATEGORIES),
                    help="batch-1 prompt categories (default: %(default)s); none to skip")
     p.add_argument("--prompts-per-category", type=int, default=6)
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
+                   help="temperatures of the category workloads (default: %(default)s = greedy); each gets its "
+                   "own prompts; sampled requests are seeded")
+    p.add_argument("--category-concurrency", nargs="+", type=int, default=[1],
+                   help="requests in flight for the category workloads (default: %(default)s)")
     p.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16, 32],
                    help="requests in flight for the ShareGPT sweep (default: %(default)s); none to skip")
     p.add_argument("--requests-per-slot", type=int, default=2,
@@ -123,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
         enforce_eager=not args.no_eager,
         specbench=args.specbench,
         engine_overrides=_engine_overrides(args.engine_arg),
+        temperatures=args.temperatures,
+        category_concurrency=sorted(set(args.category_concurrency)),
     )
 
     def progress(total: int):

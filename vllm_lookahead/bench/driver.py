@@ -24,8 +24,9 @@ scheduler, runner, output processing), so what is neither forward nor sampling
 -- the scheduler and output processing -- is the remainder.
 
 :meth:`BenchEngine.run` keeps ``concurrency`` requests in flight (a new one is
-added as soon as one finishes), greedy, and records per request the time to the
-first token and the generated token ids; counters come from vLLM's own metrics
+added as soon as one finishes), greedy or sampled at a temperature (request ``i``
+seeded ``seed + i``), and records per request the time to the first token and the
+generated token ids; counters come from vLLM's own metrics
 (``vllm:generation_tokens``, ``vllm:spec_decode_*``), read before and after.
 """
 
@@ -161,12 +162,19 @@ class BenchEngine:
         concurrency: int,
         max_tokens: int,
         on_finish: Callable[[], None] | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
     ) -> RunResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+        def params_for(i: int) -> SamplingParams:
+            if not temperature:
+                return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+            return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i)
+
         n = len(prompts)
         added = [0.0] * n
         first = [0.0] * n
@@ -184,7 +192,7 @@ class BenchEngine:
                 self._next_id += 1
                 index_of[rid] = next_prompt
                 added[next_prompt] = time.perf_counter()
-                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompts[next_prompt])), params)
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompts[next_prompt])), params_for(next_prompt))
                 next_prompt += 1
                 in_flight += 1
             t_step = time.perf_counter()

@@ -158,6 +158,8 @@ def recorded_requests(raw: dict[str, Any], tokenizer: Any) -> dict[str, list[tup
     plan = Plan(**{k: v for k, v in raw["plan"].items() if k in Plan.__dataclass_fields__})
     out: dict[str, list[tuple[list[int], list[int]]]] = {}
     for w in build_workloads(plan, tokenizer):
+        if w.temperature > 0:
+            continue  # sampled completions do not say what a draft would have had accepted
         runs = ref["runs"].get(w.name, [])
         for prompts, run in zip(w.token_ids, runs):
             if len(prompts) != len(run["outputs"]):

@@ -22,7 +22,12 @@ Per method and workload (a prompt category at batch 1, or a concurrency level):
 * **propose, verify ms/step** -- wall time per engine step in the drafter
   (``propose_draft_token_ids``) and in sampling/verification (``_sample``), as
   timed in-process by :class:`~vllm_lookahead.bench.driver.StepTimers`.
-* **exact** -- completions token-identical to no speculation (same prompts, same repeat).
+* **exact** -- completions token-identical to no speculation (same prompts, same repeat);
+  greedy workloads only (a sampled workload keeps the distribution, not the tokens).
+
+Sampled category workloads (``--temperatures``) and category workloads with several
+requests in flight (``--category-concurrency``) also get a summary per (requests in
+flight, temperature): MAT and speedup of every method per category, side by side.
 
 A second table, **where a step's time goes**, splits the wall time of an engine
 step (``engine.step()``) into the runner's ``execute_model`` (input preparation +
@@ -44,7 +49,7 @@ from typing import Any
 from vllm_lookahead.bench.counters import mean_accepted_tokens
 
 COLUMNS = (
-    "method", "workload", "concurrency", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
+    "method", "workload", "concurrency", "temperature", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
     "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "propose_ms", "verify_ms",
     "exact", "compared",
 )
@@ -71,10 +76,12 @@ class Row:
     verify_ms: float
     exact: int
     compared: int
+    temperature: float = 0.0
+    category: str = ""
 
     def as_csv(self) -> list[Any]:
         return [
-            self.method, self.workload, self.concurrency, self.requests, self.tokens, _r(self.mat), _r(self.acceptance, 4),
+            self.method, self.workload, self.concurrency, self.temperature, self.requests, self.tokens, _r(self.mat), _r(self.acceptance, 4),
             _r(self.draft_per_step), _r(self.tok_s), _r(self.speedup, 3), _r(self.speedup_min, 3), _r(self.speedup_max, 3),
             _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
         ]
@@ -99,12 +106,15 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
         return []
     ref = methods[0]
     kinds = {w["name"]: (w["kind"], w["concurrency"]) for w in raw["workloads"]}
+    temps = {w["name"]: float(w.get("temperature", 0.0)) for w in raw["workloads"]}
+    cats = {w["name"]: w.get("category") or w["name"] for w in raw["workloads"]}
     rows: list[Row] = []
     for m in methods:
         for name, runs in m["runs"].items():
             if not runs:
                 continue
             kind, conc = kinds.get(name, ("category", 1))
+            sampled = temps.get(name, 0.0) > 0
             ref_runs = ref["runs"].get(name, [])
             gen = _sum(runs, "counters", "vllm:generation_tokens")
             acc = _sum(runs, "counters", "vllm:spec_decode_num_accepted_tokens")
@@ -117,7 +127,9 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                 gen, acc = tokens, tokens - steps
             ratios = [_tps(r) / _tps(b) for r, b in zip(runs, ref_runs) if _tps(b) > 0]
             ttfts = [t for r in runs for t in r["ttft_s"]]
-            pairs = [(a, b) for r, ref_run in zip(runs, ref_runs) for a, b in zip(r["outputs"], ref_run["outputs"])]
+            pairs = [] if sampled else [
+                (a, b) for r, ref_run in zip(runs, ref_runs) for a, b in zip(r["outputs"], ref_run["outputs"])
+            ]
             rows.append(
                 Row(
                     method=m["method"], workload=name, kind=kind, concurrency=conc,
@@ -136,6 +148,8 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     verify_ms=1e3 * _sum(runs, "timers", "verify_s") / steps if steps else math.nan,
                     exact=sum(a == b for a, b in pairs),
                     compared=len(pairs),
+                    temperature=temps.get(name, 0.0),
+                    category=cats.get(name, name),
                 )
             )
     return rows
@@ -166,7 +180,8 @@ def _table(rows: list[Row], first_col: str) -> list[str]:
         lines.append(
             f"| {r.method} | {where} | {_fmt(r.mat, '.2f')} | {_fmt(100 * r.acceptance, '.1f')}% | "
             f"{_fmt(r.draft_per_step, '.1f')} | {_fmt(r.tok_s, '.1f')} | {speed} | {_fmt(r.ttft_ms, '.0f')} | "
-            f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | {r.exact}/{r.compared} |"
+            f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | "
+            f"{'sampled' if r.temperature > 0 else f'{r.exact}/{r.compared}'} |"
         )
     return lines
 
@@ -178,7 +193,7 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
         f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
-        f"Model: `{plan['model']}`; greedy; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}; {plan['repeats']} repeats, "
+        f"Model: `{plan['model']}`; {_temperatures(plan)}; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}; {plan['repeats']} repeats, "
         "each on its own prompts (no prompt is seen twice by an engine); "
         f"same engine settings for every method (max_model_len {plan['max_model_len']}, "
         f"eager={plan['enforce_eager']}, prefix caching off, max_num_seqs = max concurrency).",
@@ -192,10 +207,17 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
     cat = [r for r in rows if r.kind == "category"]
     conc = [r for r in rows if r.kind == "concurrency"]
     if cat:
-        lines += ["## Batch 1, per prompt category", ""]
         order = {n: i for i, n in enumerate(plan["categories"])}
-        lines += _table(sorted(cat, key=lambda r: (order.get(r.workload, 99), _method_order(raw, r.method))), "category")
-        lines.append("")
+        variants = sorted({(r.concurrency, r.temperature) for r in cat})
+        if variants != [(1, 0.0)]:
+            lines += summary_tables(raw, cat, variants, order)
+        for c, t in variants:
+            title = "Batch 1" if c == 1 else f"{c} requests in flight"
+            title += f", temperature {t:g}" if t else ""
+            lines += [f"## {title}, per prompt category" + (" (greedy)" if not t and len(variants) > 1 else ""), ""]
+            part = [r for r in cat if (r.concurrency, r.temperature) == (c, t)]
+            lines += _table(sorted(part, key=lambda r: (order.get(r.category, 99), _method_order(raw, r.method))), "category")
+            lines.append("")
     if conc:
         lines += ["## Concurrency sweep (ShareGPT prompts, closed loop)", ""]
         lines += _table(sorted(conc, key=lambda r: (r.concurrency, _method_order(raw, r.method))), "concurrency")
@@ -212,6 +234,24 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
     ]
     return "\n".join(lines)
+
+
+def summary_tables(raw: dict[str, Any], cat: list[Row], variants: list[tuple[int, float]], order: dict) -> list[str]:
+    """Per (requests in flight, temperature): a row per category, MAT / speedup per method."""
+    labels = [m["method"] for m in raw["methods"] if not m.get("skip_reason")][1:]
+    lines = ["## Summary: MAT / speedup over no speculation, per category", ""]
+    for c, t in variants:
+        part = {(r.category, r.method): r for r in cat if (r.concurrency, r.temperature) == (c, t)}
+        lines += [f"**{c} in flight, {'greedy' if not t else f'temperature {t:g}'}**", "",
+                  "| category | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        for category in sorted({k[0] for k in part}, key=lambda x: order.get(x, 99)):
+            cells = []
+            for label in labels:
+                r = part.get((category, label))
+                cells.append("-" if r is None else f"{_fmt(r.mat, '.2f')} / {_fmt(r.speedup, '.2f')}x")
+            lines.append(f"| {category} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _forward_shapes(runs: list[dict]) -> dict[int, list[float]]:
@@ -323,7 +363,7 @@ def plot(raw: dict[str, Any], rows: list[Row], out_dir: Path) -> list[str]:
         ax.set_ylabel("tokens/s vs no speculation")
         ax.set_title("Speedup vs concurrency (ShareGPT, greedy)")
         written.append(_save(plt, fig, ax, out_dir / "speedup_vs_concurrency.png"))
-    cat = [r for r in rows if r.kind == "category"]
+    cat = [r for r in rows if r.kind == "category" and r.concurrency == 1 and r.temperature == 0]
     spec_labels = [lbl for lbl in labels[1:] if any(r.method == lbl for r in cat)]
     if cat and spec_labels:
         cats = [c for c in raw["plan"]["categories"] if any(r.workload == c for r in cat)]
@@ -358,6 +398,13 @@ def write_report(raw: dict[str, Any], out_dir: Path) -> dict[str, str]:
     csv_path = out_dir / "results.csv"
     csv_path.write_text(to_csv(rows))
     return {"markdown": str(md), "csv": str(csv_path), **{Path(p).stem: p for p in plots}}
+
+
+def _temperatures(plan: dict) -> str:
+    temps = plan.get("temperatures") or [0.0]
+    if temps == [0.0]:
+        return "greedy"
+    return "category temperatures " + ", ".join(f"{t:g}" for t in temps) + " (0 = greedy; sampled requests seeded)"
 
 
 def _sweep_tokens(plan: dict) -> str:

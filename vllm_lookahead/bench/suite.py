@@ -1,10 +1,18 @@
 """The benchmark plan and its execution: every method over the same workloads.
 
-A *workload* is a fixed list of tokenized prompts run at one concurrency:
+A *workload* is a fixed list of tokenized prompts run at one concurrency and one
+temperature:
 
-* one per prompt category at concurrency 1 (``mt_bench``, ``code``, ...);
+* one per prompt category, category concurrency and temperature (``mt_bench``,
+  ``code@c4``, ``qa@T0.7``, ``code@c4@T1``: concurrency 1 and temperature 0 are
+  left out of the name);
 * one per concurrency level of the sweep, on ShareGPT prompts
-  (``requests_per_slot x concurrency`` prompts, at least ``min_sweep_requests``).
+  (``requests_per_slot x concurrency`` prompts, at least ``min_sweep_requests``),
+  greedy.
+
+Sampled workloads (temperature > 0) give every request its own seed, so a method's
+completions are reproducible; they are not compared with no speculation token by
+token (speculative sampling keeps the distribution, not the realisation).
 
 No prompt is used twice in a run: every workload and every repeat gets its own
 prompts (repeat ``r`` of every method gets the same ones).  Drafters that learn
@@ -37,11 +45,13 @@ WARMUP_TEXT = "Say hello and name three colours."
 
 @dataclass
 class Workload:
-    name: str  # "mt_bench" or "sharegpt@c16"
+    name: str  # "mt_bench", "code@c4@T0.7" or "sharegpt@c16"
     kind: str  # "category" | "concurrency"
     concurrency: int
     prompts: list[list[Prompt]]  # per repeat
     token_ids: list[list[list[int]]]  # per repeat, per prompt
+    temperature: float = 0.0
+    category: str = ""  # the prompt category (category workloads)
 
     @property
     def num_requests(self) -> int:
@@ -70,6 +80,8 @@ class Plan:
     enforce_eager: bool = True
     specbench: str | None = None
     engine_overrides: dict[str, Any] = field(default_factory=dict)
+    temperatures: list[float] = field(default_factory=lambda: [0.0])  # category workloads, each its own prompts
+    category_concurrency: list[int] = field(default_factory=lambda: [1])  # requests in flight per category
 
     def workload_max_tokens(self, kind: str) -> int:
         if kind == "concurrency" and self.sweep_max_tokens is not None:
@@ -83,18 +95,25 @@ class Plan:
         return [refs[0] if refs else parse_method("none"), *others]
 
 
+def workload_name(category: str, concurrency: int, temperature: float) -> str:
+    name = category if concurrency == 1 else f"{category}@c{concurrency}"
+    return name if not temperature else f"{name}@T{temperature:g}"
+
+
 def build_workloads(plan: Plan, tokenizer) -> list[Workload]:
     specbench = Path(plan.specbench) if plan.specbench else None
     per, reps = plan.prompts_per_category, plan.repeats
+    variants = [(c, t) for c in plan.category_concurrency for t in plan.temperatures]
     workloads: list[Workload] = []
     for cat in plan.categories:
-        pairs = tokenize(category_prompts(cat, per * reps, specbench), tokenizer, plan.max_prompt_tokens)
-        if len(pairs) < per * reps:
-            per_rep = len(pairs) // reps  # a small category: fewer prompts per repeat, still disjoint
-        else:
-            per_rep = per
-        prompts, ids = _split(pairs, per_rep, reps)
-        workloads.append(Workload(cat, "category", 1, prompts, ids))
+        # every (concurrency, temperature) variant and repeat gets its own prompts
+        want = per * reps * len(variants)
+        pairs = tokenize(category_prompts(cat, want, specbench), tokenizer, plan.max_prompt_tokens)
+        per_rep = per if len(pairs) >= want else len(pairs) // (reps * len(variants))  # a small category
+        for k, (conc, temp) in enumerate(variants):
+            chunk = pairs[k * per_rep * reps : (k + 1) * per_rep * reps]
+            prompts, ids = _split(chunk, per_rep, reps)
+            workloads.append(Workload(workload_name(cat, conc, temp), "category", conc, prompts, ids, temp, cat))
     if plan.concurrency:
         counts = {c: max(plan.min_sweep_requests, plan.requests_per_slot * c) for c in plan.concurrency}
         need = reps * sum(counts.values())
@@ -187,7 +206,8 @@ def run_plan(
         "plan": asdict(plan),
         "environment": environment(),
         "workloads": [
-            {"name": w.name, "kind": w.kind, "concurrency": w.concurrency,
+            {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "temperature": w.temperature,
+             "category": w.category,
              "prompt_ids": [[p.prompt_id for p in rep] for rep in w.prompts],
              "prompt_tokens": [[len(t) for t in rep] for rep in w.token_ids]}
             for w in workloads
@@ -209,7 +229,7 @@ def run_plan(
                 "label": m.label,
                 "speculative_config": m.speculative_config,
                 "engine": {
-                    "max_num_seqs": max([1, *plan.concurrency]),
+                    "max_num_seqs": max([1, *plan.concurrency, *plan.category_concurrency]),
                     "max_model_len": plan.max_model_len,
                     "enforce_eager": plan.enforce_eager,
                     **plan.engine_overrides,
@@ -217,7 +237,8 @@ def run_plan(
                 "warmup": warmup,
                 "workloads": [
                     {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]],
-                     "max_tokens": plan.workload_max_tokens(w.kind)}
+                     "max_tokens": plan.workload_max_tokens(w.kind), "temperature": w.temperature,
+                     "seed": 1_000_003 * rnd}
                     for w in workloads
                 ],
             }

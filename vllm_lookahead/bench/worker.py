@@ -36,7 +36,8 @@ def run_job(job: dict) -> dict:
             _say("@@workload", w["name"])
             for prompts in w["repeats"]:
                 run = engine.run(prompts, int(w["concurrency"]), int(w["max_tokens"]),
-                                 on_finish=lambda: _say("@@done"))
+                                 on_finish=lambda: _say("@@done"), temperature=float(w.get("temperature", 0.0)),
+                                 seed=int(w.get("seed", 0)))
                 runs.setdefault(w["name"], []).append(asdict(run))
     finally:
         engine.close()
