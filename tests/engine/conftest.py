@@ -1,8 +1,20 @@
-"""Engines are expensive (~40 s each on this machine): one baseline run per engine
-setting is cached for the whole session and at most one engine is alive at a time."""
+"""Engines are expensive (~40 s to start on this machine), so they are shared.
+
+* :class:`EnginePool` (fixture ``engines``): one engine per (model, speculative config,
+  settings) for the whole session, at most ``CAPACITY`` alive (the least recently used
+  speculative engine is closed first; no-speculation engines last).  Tests read counters
+  as deltas around their own calls.  vLLM registers one engine's Prometheus collectors
+  at a time (a new engine unregisters the previous one's), so the pool puts an engine's
+  own collectors back in the registry when it hands that engine out again.
+* :class:`Baselines`: no-speculation results, computed once per (model, settings,
+  prompts, params) in the pool's no-speculation engine.
+* The test order groups the tests that share engines (``ORDER``): toy model first, then
+  the bundled model.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -24,17 +36,118 @@ def toy_model() -> str:
 
 
 @pytest.fixture(scope="session")
+def sharp_toy_model() -> str:
+    """The toy model with a 4x sharper LM head: at temperature 1 its next token is still fairly
+    predictable, so sampled drafts get accepted (the default toy is nearly flat over its tail)."""
+    from vllm_lookahead.models import cache_root
+    from vllm_lookahead.testing.toy_model import build_toy_llama
+
+    return str(build_toy_llama(Path(cache_root()) / "toy-llama-sharp", logit_std=64.0))
+
+
+@pytest.fixture(scope="session")
 def real_model() -> str:
     from vllm_lookahead.models import prepare_default_model
 
     return str(prepare_default_model())
 
 
+CAPACITY = 3
+
+# Files (and, for files mixing models, test-name substrings) in the order they run.
+ORDER = (
+    "test_startup.py",
+    "test_toy_exactness.py",
+    "test_toy_sampling_features.py",
+    "test_sampling_stats.py::test_toy",
+    "test_bench_cli.py",
+    "test_serve.py",
+    "test_real_exactness.py",
+    "test_sampling_stats.py::test_real",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        where = f"{Path(str(item.fspath)).name}::{item.name}"
+        for i, prefix in enumerate(ORDER):
+            if where.startswith(prefix):
+                return i
+        return len(ORDER)
+
+    engine_items = [it for it in items if "tests/engine" in str(it.fspath)]
+    others = [it for it in items if "tests/engine" not in str(it.fspath)]
+    items[:] = others + sorted(engine_items, key=rank)  # stable: file order within a group
+
+
+class EnginePool:
+    """Engines shared for the session (see the module docstring)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self._engines: dict[str, Engine] = {}  # key -> engine, least recently used first
+        self._collectors: dict[int, list] = {}  # id(engine) -> its Prometheus collectors
+        self._active: Engine | None = None
+
+    @staticmethod
+    def key(model: str, spec: dict | None, settings: dict) -> str:
+        return json.dumps([model, spec, settings], sort_keys=True, default=str)
+
+    def get(self, model: str, spec: dict | None = None, **settings) -> Engine:
+        key = self.key(model, spec, settings)
+        engine = self._engines.pop(key, None)
+        if engine is None:
+            while len(self._engines) >= self.capacity:
+                self._evict()
+            engine = Engine(model, spec, **settings)
+            self._collectors[id(engine)] = _vllm_collectors()
+        elif engine is not self._active:
+            _register_only(self._collectors[id(engine)])
+        self._active = engine
+        self._engines[key] = engine  # most recently used last
+        return engine
+
+    def _evict(self) -> None:
+        keys = list(self._engines)
+        victim = next((k for k in keys if json.loads(k)[1] is not None), keys[0])  # speculative ones first
+        engine = self._engines.pop(victim)
+        self._collectors.pop(id(engine), None)
+        engine.close()
+
+    def close_all(self) -> None:
+        while self._engines:
+            self._engines.popitem()[1].close()
+
+
+def _vllm_collectors() -> list:
+    from prometheus_client import REGISTRY
+
+    return [c for c in list(REGISTRY._collector_to_names) if str(getattr(c, "_name", "")).startswith("vllm:")]
+
+
+def _register_only(collectors: list) -> None:
+    """Make ``collectors`` the vLLM metrics of the registry (what LLM.get_metrics() reads)."""
+    from prometheus_client import REGISTRY
+
+    for c in _vllm_collectors():
+        REGISTRY.unregister(c)
+    for c in collectors:
+        REGISTRY.register(c)
+
+
+@pytest.fixture(scope="session")
+def engines():
+    pool = EnginePool()
+    yield pool
+    pool.close_all()
+
+
 class Baselines:
     """No-speculation results, computed once per (model, engine settings, prompts, params)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: EnginePool) -> None:
         self._cache: dict[tuple, list] = {}
+        self.pool = pool
 
     @staticmethod
     def _key(model, settings, prompts, max_tokens, batch, params):
@@ -45,13 +158,10 @@ class Baselines:
         missing = [j for j in jobs if self._key(model, settings, *j) not in self._cache]
         if not missing:
             return
-        engine = Engine(model, None, **settings)
-        try:
-            for prompts, max_tokens, batch, params in missing:
-                key = self._key(model, settings, prompts, max_tokens, batch, params)
-                self._cache[key] = engine.generate(prompts, max_tokens, batch=batch, logprobs=2, **params)
-        finally:
-            engine.close()
+        engine = self.pool.get(model, None, **settings)
+        for prompts, max_tokens, batch, params in missing:
+            key = self._key(model, settings, prompts, max_tokens, batch, params)
+            self._cache[key] = engine.generate(prompts, max_tokens, batch=batch, logprobs=2, **params)
 
     def get(self, model: str, settings: dict, prompts: list[list[int]], max_tokens: int, batch: int, **params):
         self.prefetch(model, settings, [(prompts, max_tokens, batch, params)])
@@ -59,5 +169,5 @@ class Baselines:
 
 
 @pytest.fixture(scope="session")
-def baselines() -> Baselines:
-    return Baselines()
+def baselines(engines) -> Baselines:
+    return Baselines(engines)

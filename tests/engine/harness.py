@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -22,9 +23,13 @@ ENGINE_DEFAULTS = dict(
     gpu_memory_utilization=0.3,
     max_model_len=2048,
     max_num_seqs=8,
+    block_size=32,  # small blocks: requests that share a prompt share its cached KV
     seed=0,
     disable_log_stats=False,
 )
+
+# The toy engine with branching trees that several test files share (engines fixture).
+TOY_TREE = {"method": "lookahead", "window_size": 3, "ngram_size": 4, "guess_set_size": 5, "max_tokens_per_step": 0}
 
 
 def specbench_questions(categories: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:
@@ -38,19 +43,26 @@ def specbench_questions(categories: tuple[str, ...] | None = None, limit: int | 
 class Completion:
     tokens: list[int]
     gaps: list[float] = field(default_factory=list)  # top1 - top2 logprob per token (baseline only)
+    logprobs: list[float] = field(default_factory=list)  # logprob of each returned token (if asked)
+    prompt_logprobs: list[float | None] = field(default_factory=list)  # per prompt token (if asked)
 
 
 class Engine:
-    """One in-process vLLM engine; close() frees it so the next one fits in memory."""
+    """One vLLM engine (``LLM``); close() frees it so the next one fits in memory.
 
-    def __init__(self, model: str, speculative_config: dict | None = None, **overrides):
+    ``in_process=True`` runs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    so a test can patch plugin code the engine runs.
+    """
+
+    def __init__(self, model: str, speculative_config: dict | None = None, in_process: bool = False, **overrides):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
         kwargs = {**ENGINE_DEFAULTS, **overrides}
         if speculative_config is not None:
             kwargs["speculative_config"] = speculative_config
-        self.llm = LLM(model=model, **kwargs)
+        with _multiprocessing(not in_process):
+            self.llm = LLM(model=model, **kwargs)
         self.spec = speculative_config
 
     def tokenizer(self):
@@ -76,12 +88,14 @@ class Engine:
             chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[i : i + batch]]
             for res in self.llm.generate(chunk, sps[i : i + batch], use_tqdm=False):
                 o = res.outputs[0]
-                gaps = []
-                if logprobs:
-                    for lp in o.logprobs or []:
-                        vals = sorted((v.logprob for v in lp.values()), reverse=True)
-                        gaps.append(vals[0] - vals[1] if len(vals) > 1 else math.inf)
-                out.append(Completion(list(o.token_ids), gaps))
+                gaps, chosen = [], []
+                for token, lp in zip(o.token_ids, o.logprobs or []):
+                    vals = sorted((v.logprob for v in lp.values()), reverse=True)
+                    gaps.append(vals[0] - vals[1] if len(vals) > 1 else math.inf)
+                    chosen.append(lp[token].logprob)
+                prompt_lps = [None if lp is None else lp[t].logprob
+                              for t, lp in zip(res.prompt_token_ids, res.prompt_logprobs or [])]
+                out.append(Completion(list(o.token_ids), gaps, chosen, prompt_lps))
         return out
 
     def metrics(self) -> dict[str, float]:
@@ -93,6 +107,26 @@ class Engine:
         finally:
             del self.llm
             gc.collect()
+
+
+@contextlib.contextmanager
+def _multiprocessing(enabled: bool):
+    import vllm.envs as envs
+
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    cached = envs._is_envs_cache_enabled()
+    if cached:
+        envs.disable_envs_cache()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+        if cached:
+            envs.enable_envs_cache()
 
 
 def compare(baseline: list[Completion], candidate: list[Completion], label: str) -> tuple[list[str], list[str]]:

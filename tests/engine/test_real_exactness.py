@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import Engine, compare, counter_delta, mean_accepted_tokens, specbench_questions
+from harness import compare, counter_delta, mean_accepted_tokens, specbench_questions
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
 
@@ -34,21 +34,18 @@ def real_prompts(model: str) -> list[list[int]]:
     return prompts
 
 
-def test_real_model_greedy_identical(real_model, baselines):
+def test_real_model_greedy_identical(real_model, baselines, engines):
     prompts = real_prompts(real_model)
     baselines.prefetch(real_model, SETTINGS, [(prompts, TOKENS_B1, 1, {}), (prompts, TOKENS_B8, 8, {})])
     base1 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B1, batch=1)
     base8 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B8, batch=8)
     # The paper's full trees (no per-step cap): every draft row goes through the tree-attention path.
-    engine = Engine(real_model, {"method": "lookahead", "max_tokens_per_step": 0}, **SETTINGS)
-    try:
-        before = engine.metrics()
-        got1 = engine.generate(prompts, TOKENS_B1, batch=1)
-        mid = engine.metrics()
-        got8 = engine.generate(prompts, TOKENS_B8, batch=8)
-        after = engine.metrics()
-    finally:
-        engine.close()
+    engine = engines.get(real_model, {"method": "lookahead", "max_tokens_per_step": 0}, **SETTINGS)
+    before = engine.metrics()
+    got1 = engine.generate(prompts, TOKENS_B1, batch=1)
+    mid = engine.metrics()
+    got8 = engine.generate(prompts, TOKENS_B8, batch=8)
+    after = engine.metrics()
     report1, fail1 = compare(base1, got1, "batch1")
     report8, fail8 = compare(base8, got8, "batch8")
     print("\n".join(report1 + report8) or "all 64 completions identical")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import Engine, compare, counter_delta, mean_accepted_tokens, specbench_questions
+from harness import TOY_TREE, compare, counter_delta, mean_accepted_tokens, specbench_questions
 
 pytestmark = pytest.mark.engine
 
@@ -23,16 +23,32 @@ def toy_prompts(model: str, count: int = 24) -> list[list[int]]:
 
 def stop_cases(prompts_base) -> dict[str, dict]:
     stop_token = prompts_base[2].tokens[20]  # a token the output really produces, mid-stream
+    seen = sorted({t for c in prompts_base for t in c.tokens})
     return {
         "max_tokens=5": dict(max_tokens=5),
         "max_tokens=17": dict(max_tokens=17),
         "stop_token": dict(max_tokens=MAX_TOKENS, stop_token_ids=[stop_token]),
         "stop_string": dict(max_tokens=MAX_TOKENS, stop=[_decode(prompts_base[3].tokens[18:20])]),
+        # served undrafted (vLLM refuses them with speculation)
         "logit_bias": dict(max_tokens=24, logit_bias={stop_token: 5.0}),
-        "min_p": dict(max_tokens=24, min_p=0.5),
-        # structured-output requests (undrafted) in the same batch as drafted greedy ones
+        # drafted: what changes vLLM's sampled token is replayed per tree node (engine/target_dist.py)
+        "min_p": dict(max_tokens=24, min_p=0.5),  # vLLM resets min_p for greedy requests
+        "repetition_penalty": dict(max_tokens=MAX_TOKENS, repetition_penalty=1.3),
+        "presence_frequency": dict(max_tokens=MAX_TOKENS, presence_penalty=0.8, frequency_penalty=0.4),
+        "bad_words": dict(max_tokens=MAX_TOKENS, bad_words=[_decode(prompts_base[1].tokens[10:12]),
+                                                             _decode(prompts_base[4].tokens[8:9])]),
+        "allowed_token_ids": dict(max_tokens=32, allowed_token_ids=seen[::2]),
+        "min_tokens": dict(max_tokens=MAX_TOKENS, min_tokens=30, stop_token_ids=[stop_token]),
+        "logprobs": dict(max_tokens=MAX_TOKENS, logprobs=3),
+        "logprobs=-1": dict(max_tokens=24, logprobs=-1),  # the whole vocabulary per token
+        # structured-output requests (one draft chain each) in the same batch as tree-drafted ones
         "structured_mixed": dict(max_tokens=MAX_TOKENS, per_prompt=({}, {"structured_outputs": _choice()})),
     }
+
+
+DRAFTED = ("repetition_penalty", "presence_frequency", "bad_words", "allowed_token_ids", "min_tokens", "logprobs",
+           "logprobs=-1", "structured_mixed")
+CHOICES = ("alpha beta gamma", "one two three four five")
 
 
 def _decode(tokens: list[int]) -> str:
@@ -46,7 +62,7 @@ def _decode(tokens: list[int]) -> str:
 def _choice():
     from vllm.sampling_params import StructuredOutputsParams
 
-    return StructuredOutputsParams(choice=["alpha beta gamma", "one two three four five"])
+    return StructuredOutputsParams(choice=list(CHOICES))
 
 
 def default_jobs(prompts) -> list[tuple]:
@@ -72,21 +88,18 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("params", CONFIGS)
-def test_toy_greedy_identical(toy_model, baselines, params):
+def test_toy_greedy_identical(toy_model, baselines, engines, params):
     prompts = toy_prompts(toy_model)
     baselines.prefetch(toy_model, {}, default_jobs(prompts))
     base8 = baselines.get(toy_model, {}, prompts, MAX_TOKENS, batch=8)
     base1 = baselines.get(toy_model, {}, prompts[:6], MAX_TOKENS, batch=1)
-    engine = Engine(toy_model, {"method": "lookahead", **params})
-    try:
-        before = engine.metrics()
-        got8 = engine.generate(prompts, MAX_TOKENS, batch=8)
-        middle = engine.metrics()
-        got1 = engine.generate(prompts[:6], MAX_TOKENS, batch=1)
-        after = engine.metrics()
-        metrics, metrics1 = counter_delta(before, after), counter_delta(middle, after)
-    finally:
-        engine.close()
+    engine = engines.get(toy_model, {"method": "lookahead", **params})
+    before = engine.metrics()
+    got8 = engine.generate(prompts, MAX_TOKENS, batch=8)
+    middle = engine.metrics()
+    got1 = engine.generate(prompts[:6], MAX_TOKENS, batch=1)
+    after = engine.metrics()
+    metrics, metrics1 = counter_delta(before, after), counter_delta(middle, after)
     report8, fail8 = compare(base8, got8, "batch8")
     report1, fail1 = compare(base1, got1, "batch1")
     print("\n".join(report8 + report1))
@@ -118,7 +131,7 @@ STRESS = dict(
 )
 
 
-def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines):
+def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines, engines):
     prompts = toy_prompts(toy_model, 16)
     long_prompt = (sum(prompts, []) * 4)[:470]  # 470 + 96 > max_model_len 512: stops at the limit
     prompts = prompts + prompts[:8] + [long_prompt]
@@ -126,14 +139,11 @@ def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines
     # then the two longest prompts again, one after the other: the second hits the prefix cache
     again = sorted(prompts, key=len)[-1:] * 2
     base_again = baselines.get(toy_model, STRESS, again, 96, batch=1)
-    engine = Engine(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4, **FULL}, **STRESS)
-    try:
-        before = engine.metrics()
-        got = engine.generate(prompts, 96, batch=25)
-        got_again = engine.generate(again, 96, batch=1)
-        metrics = counter_delta(before, engine.metrics())
-    finally:
-        engine.close()
+    engine = engines.get(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4, **FULL}, **STRESS)
+    before = engine.metrics()
+    got = engine.generate(prompts, 96, batch=25)
+    got_again = engine.generate(again, 96, batch=1)
+    metrics = counter_delta(before, engine.metrics())
     report, failures = compare(base + base_again, got + got_again, "stress")
     print("\n".join(report))
     print({k: v for k, v in metrics.items() if "preempt" in k or "spec_decode_num" in k or "prefix_cache" in k})
@@ -144,7 +154,7 @@ def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines
     assert metrics.get("vllm:spec_decode_num_accepted_tokens", 0) > 0
 
 
-def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
+def test_toy_stops_limits_and_fallback_requests(toy_model, baselines, engines):
     """max_tokens / stop tokens inside accepted n-grams, and requests that must not be drafted."""
     prompts = toy_prompts(toy_model)
     baselines.prefetch(toy_model, {}, default_jobs(prompts))
@@ -153,25 +163,30 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines):
     baselines.prefetch(toy_model, {}, jobs)
     wanted = {name: baselines.get(toy_model, {}, j[0], j[1], j[2], **j[3]) for name, j in zip(cases, jobs)}
     stop_token = cases["stop_token"]["stop_token_ids"][0]
-    engine = Engine(toy_model, {"method": "lookahead", "window_size": 5, "ngram_size": 4, "guess_set_size": 5, **FULL})
-    try:
-        failures = []
-        for name, params in cases.items():
-            max_tokens = params.pop("max_tokens")
-            want = wanted[name]
-            before = engine.metrics().get("vllm:spec_decode_num_drafts", 0)
-            got = engine.generate(prompts, max_tokens, batch=8, **params)
-            drafted = engine.metrics().get("vllm:spec_decode_num_drafts", 0) - before
-            report, fail = compare(want, got, name)
-            print(name, "drafted steps:", drafted, *report, sep="\n  ")
-            failures += fail
-            if name == "logit_bias":
-                assert drafted == 0, f"{name} requests must run without drafts"
-            # (min_p: vLLM resets it to 0 for greedy requests, so those are drafted)
-            if name == "structured_mixed":
-                assert drafted > 0, "the greedy half of the batch should carry trees"
-            if name == "stop_token":
-                assert all(stop_token not in c.tokens[:-1] for c in got)
-    finally:
-        engine.close()
+    engine = engines.get(toy_model, TOY_TREE)  # shared with test_toy_sampling_features.py
+    failures = []
+    for name, params in cases.items():
+        max_tokens = params.pop("max_tokens")
+        want = wanted[name]
+        before = engine.metrics().get("vllm:spec_decode_num_drafts", 0)
+        got = engine.generate(prompts, max_tokens, batch=8, **params)
+        drafted = engine.metrics().get("vllm:spec_decode_num_drafts", 0) - before
+        report, fail = compare(want, got, name)
+        print(name, "drafted steps:", drafted, *report, sep="\n  ")
+        failures += fail
+        if name == "logit_bias":
+            assert drafted == 0, f"{name} requests must run without drafts"
+        if name in DRAFTED:
+            assert drafted > 0, f"{name} requests should carry drafts"
+        if name == "structured_mixed":
+            texts = [_decode(c.tokens) for c in got[1::2]]
+            assert all(t in CHOICES for t in texts), texts  # never a token the grammar forbids
+        if name == "stop_token":
+            assert all(stop_token not in c.tokens[:-1] for c in got)
+        if name == "min_tokens":
+            assert all(len(c.tokens) >= 30 for c in got)
+        if name.startswith("logprobs"):
+            for w, g in zip(want, got):
+                n = min(len(w.logprobs), len(g.logprobs))
+                assert n and all(abs(a - b) <= 1e-4 for a, b in zip(w.logprobs[:n], g.logprobs[:n])), (w.logprobs, g.logprobs)
     assert not failures, "\n".join(failures)

@@ -1,37 +1,47 @@
+"""Which requests are drafted for (engine/eligibility.py): wherever vLLM's own ngram method drafts."""
+
 import pytest
 
-from vllm_lookahead.engine.eligibility import draft_blocker
+from vllm_lookahead.engine.eligibility import chain_only, draft_blocker, is_greedy
 
 SamplingParams = pytest.importorskip("vllm").SamplingParams
 
 
-def test_plain_greedy_is_drafted():
-    assert draft_blocker(SamplingParams(temperature=0.0, max_tokens=10), 0) is None
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0.0),
+        dict(temperature=0.7),
+        dict(temperature=1.0, top_p=0.9, top_k=5, seed=3),
+        dict(temperature=0.0, logprobs=2),
+        dict(temperature=0.7, logprobs=-1),
+        dict(temperature=0.8, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=0.3),
+        dict(temperature=0.0, allowed_token_ids=[1, 2]),
+        dict(temperature=0.0, min_tokens=5),
+        dict(temperature=0.6, bad_words=["foo bar"]),
+        dict(temperature=0.7, n=3),
+    ],
+)
+def test_what_vllm_drafts_for_is_drafted(kwargs):
+    assert draft_blocker(SamplingParams(max_tokens=10, **kwargs)) is None
 
 
 @pytest.mark.parametrize(
     "kwargs,reason",
     [
-        (dict(temperature=0.7), "temperature"),
-        (dict(temperature=0.0, logprobs=2), "logprobs"),
-        (dict(temperature=0.0, repetition_penalty=1.2), "penalties"),
-        (dict(temperature=0.0, logit_bias={5: 1.0}), "logit_bias"),
-        (dict(temperature=0.0, allowed_token_ids=[1, 2]), "allowed_token_ids"),
-        (dict(temperature=0.0, min_tokens=5), "min_tokens"),
+        (dict(min_p=0.1), "min_p"),
+        (dict(logit_bias={5: 1.0}), "logit_bias"),
     ],
 )
-def test_requests_that_change_the_argmax_are_not_drafted(kwargs, reason):
-    assert reason in draft_blocker(SamplingParams(**kwargs), 0)
+def test_what_vllm_refuses_with_speculation_is_served_undrafted(kwargs, reason):
+    assert reason in draft_blocker(SamplingParams(temperature=0.7, **kwargs))
 
 
-def test_min_tokens_blocks_only_until_reached():
-    sp = SamplingParams(temperature=0.0, min_tokens=5)
-    assert draft_blocker(sp, 4) is not None
-    assert draft_blocker(sp, 5) is None
-
-
-def test_structured_output_is_not_drafted():
+def test_pooling_and_the_chain_rule():
     from vllm.sampling_params import StructuredOutputsParams
 
-    sp = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
-    assert "structured" in draft_blocker(sp, 0)
+    assert "pooling" in draft_blocker(None)
+    structured = SamplingParams(temperature=0.7, structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
+    assert draft_blocker(structured) is None and chain_only(structured)
+    assert not chain_only(SamplingParams(temperature=0.7))
+    assert is_greedy(SamplingParams(temperature=0.0)) and not is_greedy(SamplingParams(temperature=0.5))

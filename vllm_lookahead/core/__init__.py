@@ -1,8 +1,8 @@
 """Engine-free core of Lookahead Decoding (Fu et al., 2024, arXiv:2402.02057).
 
 numpy + stdlib only: the token tree, the 2D Jacobi window, the n-gram pool,
-greedy verification, the lead candidate's adaptive length and the per-request
-orchestration.  Parameters come from :class:`vllm_lookahead.config.LookaheadConfig`
+greedy verification, exact speculative sampling over a tree, the lead candidate's
+adaptive length and the per-request orchestration.  Parameters come from :class:`vllm_lookahead.config.LookaheadConfig`
 (validated there, once).  The vLLM glue in ``vllm_lookahead.engine`` is written
 against these names.
 """
@@ -10,6 +10,7 @@ against these names.
 from .draft_length import DraftLength
 from .pool import NgramPool
 from .request import RequestLookahead, StepDraft
+from .sampling import tree_speculative_sample
 from .tree import DraftTree, TreeBuilder
 from .verify import greedy_verify
 from .window import JacobiWindow
@@ -23,4 +24,5 @@ __all__ = [
     "StepDraft",
     "TreeBuilder",
     "greedy_verify",
+    "tree_speculative_sample",
 ]

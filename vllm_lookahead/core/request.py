@@ -128,6 +128,7 @@ class RequestLookahead:
         budget: int | None = None,
         window: bool = True,
         max_candidates: int | None = None,
+        merge: bool | None = None,
     ) -> StepDraft:
         """Build this step's tree below ``root_token`` (the last accepted token).
 
@@ -135,7 +136,8 @@ class RequestLookahead:
         (only the last ``lookup_context`` are read); ``budget``: at most this many
         draft nodes (None = no limit); ``window=False``: the verification branch only;
         ``max_candidates``: at most this many candidates (None = G; 1 with no window =
-        a chain, which needs no tree attention).
+        a chain, which needs no tree attention); ``merge``: trie-merge candidates sharing
+        a prefix (None = the config's ``merge_candidates``).
 
         The first (lead) candidate is drafted at the request's current lead
         length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut
@@ -148,6 +150,7 @@ class RequestLookahead:
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = budget if budget is not None else 1 << 30
+        merge = params.merge_candidates if merge is None else merge
         used = lead = 0
         for continuation in self.candidates(recent):
             if max_candidates is not None and used >= max_candidates:
@@ -159,7 +162,7 @@ class RequestLookahead:
                     break
             elif builder.size - 1 + len(continuation) > room:
                 break  # keep the order: a later (less likely) candidate never jumps the queue
-            builder.add_chain(0, continuation, needs_logits=True, merge=params.merge_candidates)
+            builder.add_chain(0, continuation, needs_logits=True, merge=merge)
             used += 1
         if window and builder.size - 1 + self.window_tokens <= room:
             window_nodes = self.window.add_to_tree(builder, root=0)

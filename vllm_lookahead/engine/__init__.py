@@ -12,7 +12,10 @@ One decode step, in order (state owned by ``runner.RunnerLookahead``, one per wo
                         (RoPE positions = context + depth, logits rows, draft-row masks)
     ``attention.py``    forward: vLLM's kernel, then branching trees' draft rows with the tree mask
     ``kv.py``           the paged KV cache as the tree path reads it; accepted-path compaction
-    ``verify_step.py``  verify -> compact: root sampled by vLLM, trees verified, KV moved
+    ``target_dist.py``  the distribution vLLM's sampler would use at each tree node (penalties,
+                        masks, min_tokens on output + path; temperature, top-k/top-p)
+    ``verify_step.py``  verify -> compact: roots sampled by vLLM, trees verified (greedy match or
+                        exact multi-candidate speculative sampling), KV moved
     ``draft_step.py``, ``eligibility.py``   propose: per-request draft room, window seed, who may draft
     ``proposer.py``     the ``custom_class`` object vLLM calls (a thin adapter)
     ``stats.py``        the plugin's own counters

@@ -1,12 +1,23 @@
-"""Which requests may be drafted for.
+"""Which requests lookahead drafts for, and how.
 
-Greedy verification (:func:`vllm_lookahead.core.greedy_verify`) compares draft
-tokens with the raw argmax of the target logits.  Anything that changes the
-chosen token beyond a plain argmax -- temperature sampling, penalties,
-logit_bias, min_p, min_tokens, bad words, allowed token ids, structured output,
-watermarking, thinking budgets -- would make that comparison wrong, and
-logprobs would need per-token bookkeeping, so such requests decode without
-drafts (exactly as vLLM would) and the log says so once per reason.
+Verification reproduces what vLLM's sampler does for a request
+(:mod:`.target_dist`): greedy and random sampling, temperature, top-k/top-p,
+penalties, bad words, allowed token ids, min_tokens, structured output, seeds,
+logprobs.  Requests are served without drafts -- exactly as vLLM serves them
+without speculation -- only where that cannot be reproduced per tree node, and
+the log says so once per reason:
+
+* ``min_p`` and ``logit_bias``: vLLM itself refuses them with any speculative
+  method (its rejection sampler does not apply them to draft rows); lookahead
+  accepts such requests and serves them undrafted;
+* ``thinking_token_budget``: the reasoning-budget state machine would have to be
+  replayed along every tree path;
+* ``logprob_token_ids`` (generative scoring): vLLM's speculative path does not
+  return them either;
+* pooling requests (no sampling parameters).
+
+Structured-output requests draft one chain (no branching, no window): vLLM's
+grammar code computes a bitmask per draft position along a chain.
 """
 
 from __future__ import annotations
@@ -16,30 +27,25 @@ from typing import Any
 _EPS = 1e-5
 
 
-def draft_blocker(sp: Any, num_output_tokens: int) -> str | None:
-    """Return why a request must not be drafted for, or None if it may."""
+def draft_blocker(sp: Any) -> str | None:
+    """Why a request must not be drafted for, or None if it may."""
     if sp is None:
         return "no sampling parameters (pooling)"
-    if sp.temperature >= _EPS:
-        return "temperature > 0 (exact lookahead sampling is not implemented yet)"
-    if sp.logprobs is not None or getattr(sp, "logprob_token_ids", None):
-        return "logprobs"
-    if sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0 or sp.repetition_penalty != 1.0:
-        return "presence/frequency/repetition penalties"
+    if sp.min_p > _EPS:
+        return "min_p (vLLM refuses it with speculative decoding)"
     if sp.logit_bias:
-        return "logit_bias"
-    if sp.min_p > 0.0:
-        return "min_p"
-    if sp.allowed_token_ids:
-        return "allowed_token_ids"
-    if sp.bad_words or getattr(sp, "_bad_words_token_ids", None):
-        return "bad_words"
-    if sp.min_tokens and num_output_tokens < sp.min_tokens:
-        return "min_tokens (until reached)"
-    if sp.structured_outputs is not None:
-        return "structured output"
-    if getattr(sp, "watermarking", None):
-        return "watermarking"
+        return "logit_bias (vLLM refuses it with speculative decoding)"
     if getattr(sp, "thinking_token_budget", None) is not None:
         return "thinking_token_budget"
+    if getattr(sp, "logprob_token_ids", None):
+        return "logprob_token_ids (generative scoring)"
     return None
+
+
+def is_greedy(sp: Any) -> bool:
+    return sp.temperature < _EPS
+
+
+def chain_only(sp: Any) -> bool:
+    """Whether this request may only draft one chain (structured output)."""
+    return sp.structured_outputs is not None

@@ -40,7 +40,7 @@ from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft
 from vllm_lookahead.engine.attention import unsupported_feature
 from vllm_lookahead.engine.draft_step import draft_room, window_seed
-from vllm_lookahead.engine.eligibility import draft_blocker
+from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.stats import LookaheadStats
@@ -77,6 +77,9 @@ class RunnerLookahead:
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
         self._warned: set[str] = set()
+        # Engine-wide reason not to draft: custom logits processors cannot be replayed per tree node.
+        custom = getattr(runner.model_config, "logits_processors", None)
+        self.blocked = "custom logits processors (--logits-processors)" if custom else None
         proposer.attach(self)
         logger.info("lookahead decoding active: %s", self.config.summary())
 
@@ -251,7 +254,7 @@ class RunnerLookahead:
     ) -> list[int]:
         sp = req_state.sampling_params
         num_output = len(req_state.output_token_ids)
-        reason = draft_blocker(sp, num_output)
+        reason = self.blocked or eligibility.draft_blocker(sp)
         room = 0 if reason is not None else draft_room(sp, num_output, len(history), self.max_model_len, budget)
         if reason is not None:
             self._warn_once(reason)
@@ -259,10 +262,13 @@ class RunnerLookahead:
             self.pending.pop(req_id, None)
             return []
         recent = history[max(0, len(history) - self.config.lookup_context) :]
-        if self.chain_only:
+        # Random sampling tries a node's children in turn, so candidates sharing a prefix are
+        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
+        merge = None if eligibility.is_greedy(sp) else True
+        if self.chain_only or eligibility.chain_only(sp):
             draft = state.propose(int(root), recent, budget=room, window=False, max_candidates=1)
         else:
-            draft = state.propose(int(root), recent, budget=room)
+            draft = state.propose(int(root), recent, budget=room, merge=merge)
         self.pending[req_id] = draft
         self.stats.on_propose(draft)
         return draft.tree.draft_tokens[:room]

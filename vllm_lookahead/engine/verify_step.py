@@ -4,17 +4,24 @@ vLLM's ``RejectionSampler`` assumes linear drafts.  For a step that carries tree
 we instead:
 
 1. sample every request's root row with vLLM's own ``Sampler`` (so plain
-   requests in the same batch -- prefill chunks, requests without drafts,
-   sampling requests -- get exactly what vLLM would give them);
-2. take the argmax of every tree node with logits and run
-   :func:`vllm_lookahead.core.greedy_verify` (longest candidate prefix matching
-   the target's argmax chain, plus the bonus token);
+   requests in the same batch -- prefill chunks, requests without drafts --
+   get exactly what vLLM would give them);
+2. per tree request, the target distribution at every node with logits, as
+   vLLM's sampler would make it for the text up to that node
+   (:mod:`.target_dist`: masks, bad words, min_tokens, penalties on output +
+   path; temperature, top-k/top-p);
+   greedy requests: :func:`vllm_lookahead.core.greedy_verify` against its argmax
+   (longest match plus the bonus token; the root must agree with vLLM's own
+   sample); random ones: :func:`vllm_lookahead.core.sampling.tree_speculative_sample`
+   (SpecInfer's multi-candidate rule, exact), drawing from the request's own
+   generator when it has a seed;
 3. move the accepted path's KV into the slots right after the root
    (:func:`vllm_lookahead.engine.kv.move_slots`) so vLLM's accounting
    ``num_computed_tokens += 1 + accepted`` describes the cache truthfully;
 4. return a ``SamplerOutput`` shaped like the rejection sampler's
-   (``[num_reqs, max_len]`` padded with -1), which vLLM's bookkeeping,
-   scheduler and Prometheus stats consume unchanged, and one
+   (``[num_reqs, max_len]`` padded with -1; logprobs of every emitted token
+   from the row it was emitted after, in the engine's logprobs mode), which
+   vLLM's bookkeeping, scheduler and Prometheus stats consume unchanged, and one
    :class:`StepOutcome` per tree request, which the owner of the step
    (:class:`~vllm_lookahead.engine.runner.RunnerLookahead`) keeps for the
    next proposal.
@@ -24,12 +31,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from vllm_lookahead.core import StepDraft, greedy_verify
+from vllm_lookahead.core.sampling import tree_speculative_sample
+from vllm_lookahead.engine import target_dist
 from vllm_lookahead.engine.kv import move_slots
 from vllm_lookahead.engine.tree_batch import TreeBatch
 
@@ -49,32 +58,35 @@ class StepOutcome:
 
 def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[Any, dict[str, StepOutcome]]:
     """(vLLM ``SamplerOutput``, outcome per tree request id) for one step's logits."""
-    from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+    from vllm.v1.outputs import SamplerOutput
 
-    num_reqs = runner.input_batch.num_reqs
-    sampled = runner.sampler(logits=logits[batch.sample_rows], sampling_metadata=runner.input_batch.sampling_metadata)
+    input_batch = runner.input_batch
+    sm = input_batch.sampling_metadata
+    num_reqs = input_batch.num_reqs
+    sampled = runner.sampler(logits=logits[batch.sample_rows], sampling_metadata=sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
-    tree_argmax = logits[batch.tree_logit_rows].argmax(dim=-1).cpu().numpy()
+    tree_logits = logits[batch.tree_logit_rows]
+    tree_argmax = tree_logits.argmax(dim=-1).cpu().numpy()
 
     outputs: list[list[int]] = [[t] for t in root_tokens]
     outcomes: dict[str, StepOutcome] = {}
+    emitted_rows: dict[int, tuple[torch.Tensor, list[int]]] = {}  # batch index -> (logprob rows, tokens)
     src_slots: list[int] = []
     dst_slots: list[int] = []
     cursor = 0
     for tr in batch.requests:
         n = tr.num_nodes
-        argmax = np.full(n, -1, dtype=np.int64)
         k = len(tr.logit_nodes)
-        argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
+        rows = slice(cursor, cursor + k)
         cursor += k
-        root_token = root_tokens[tr.batch_index]
-        if argmax[0] != root_token:
-            # Cannot happen for eligible (greedy, unprocessed) requests; stay exact if it does.
-            logger.warning("lookahead: sampler and argmax disagree at the root of %s; drafts ignored", tr.req_id)
-            path, bonus = np.zeros(0, dtype=np.int64), root_token
-        else:
-            path, bonus = greedy_verify(tr.tree, argmax)
-        outputs[tr.batch_index] = [*tr.tree.tokens[path].tolist(), int(bonus)]
+        argmax = np.full(n, -1, dtype=np.int64)
+        argmax[tr.logit_nodes] = tree_argmax[rows]
+        decision = _decide(runner, sm, tr, tree_logits[rows], argmax, root_tokens[tr.batch_index])
+        path, last = decision.path, decision.last
+        tokens = [*tr.tree.tokens[path].tolist(), int(last)]
+        outputs[tr.batch_index] = tokens
+        if decision.logprob_rows is not None:
+            emitted_rows[tr.batch_index] = (decision.logprob_rows, tokens)
         for depth, node in enumerate(path.tolist(), start=1):
             if node != depth:
                 src_slots.append(tr.token_start + node)
@@ -93,24 +105,121 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     for i, out in enumerate(outputs):
         token_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)
     token_ids = token_ids.to(sampled.sampled_token_ids.device)
-
-    logprobs = sampled.logprobs_tensors
-    if logprobs is not None and max_len > 1:
-        logprobs = _spread_logprobs(logprobs, num_reqs, max_len, LogprobsTensors)
+    logprobs = _logprobs_grid(runner, sampled.logprobs_tensors, sm, num_reqs, max_len, emitted_rows)
     return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), outcomes
 
 
-def _spread_logprobs(lp, num_reqs: int, max_len: int, cls):
-    """Logprobs rows are per generated token (row-major over [num_reqs, max_len]).
+@dataclass
+class _Decision:
+    path: np.ndarray  # accepted node ids, depth 1 down
+    last: int  # the token after them (bonus or residual sample)
+    logprob_rows: torch.Tensor | None = None  # [len(path) + 1, vocab] rows the emitted tokens' logprobs come from
 
-    Only requests that sampled a single token may ask for logprobs (drafting is
-    disabled for requests with logprobs), so each request's row goes to column 0.
-    """
-    rows = torch.arange(num_reqs, device=lp.logprobs.device) * max_len
 
-    def spread(t: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros((num_reqs * max_len, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        out[rows] = t[:num_reqs]
-        return out
+def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarray, root_token: int) -> _Decision:
+    """Verify one tree request: greedy (longest match with the target's argmax) or random
+    (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample` over the processed distribution)."""
+    i = tr.batch_index
+    req_state = runner.requests[tr.req_id]
+    sp = req_state.sampling_params
+    output = req_state.output_token_ids
+    min_tokens = None
+    if sp is not None and sp.min_tokens and len(output) < sp.min_tokens:
+        min_tokens = (sp.min_tokens, sp.all_stop_token_ids, sp.structured_outputs is not None)
+    greedy = target_dist.is_greedy(sm, i)
+    processed = None
+    if target_dist.needs_processing(sm, i, min_tokens is not None):
+        node_rows = target_dist.NodeRows(i, tr.logit_nodes, tr.tree.depths[tr.logit_nodes], _paths(tr.tree, tr.logit_nodes))
+        processed = target_dist.processed_logits(rows, node_rows, sm, output, min_tokens)
+    elif not greedy:
+        processed = rows.to(torch.float32)  # nothing but temperature and top-k/top-p to apply
+    row_of = {int(node): j for j, node in enumerate(tr.logit_nodes.tolist())}
+    if greedy:
+        target = argmax
+        if processed is not None:
+            target = np.full_like(argmax, -1)
+            target[tr.logit_nodes] = processed.argmax(dim=-1).cpu().numpy()
+        if target[0] != root_token:
+            # vLLM's sampler and this module disagree on the root (fp rounding of a tie): its token stands.
+            logger.warning("lookahead: sampler and argmax disagree at the root of %s; drafts ignored", tr.req_id)
+            path, last = np.zeros(0, dtype=np.int64), root_token
+        else:
+            path, last = greedy_verify(tr.tree, target)
+    else:
+        # Temperature, top-k/top-p and softmax only for the nodes the walk reaches (one or a few).
+        sampling_rows: dict[int, torch.Tensor] = {}
 
-    return cls(spread(lp.logprob_token_ids), spread(lp.logprobs), spread(lp.selected_token_ranks))
+        def probs(node: int) -> np.ndarray:
+            row = target_dist.sampling_logits(processed[row_of[node]].unsqueeze(0), sm, i)
+            sampling_rows[node] = row[0]
+            return row.softmax(dim=-1, dtype=torch.float32)[0].to(torch.float64).cpu().numpy()
+
+        draws = _uniforms(sm.generators.get(i), tr.tree.size + 1)
+        path, last = tree_speculative_sample(tr.tree, probs, lambda: next(draws))
+    if sm.max_num_logprobs is None:
+        return _Decision(path, int(last))
+    # Each emitted token's logprob comes from the row of the node it was emitted after, in the
+    # engine's logprobs mode: raw (vLLM's default) or processed (as vLLM's sampler returns them).
+    emitted_from = [0, *path.tolist()]
+    mode = runner.sampler.logprobs_mode
+    if mode.startswith("raw") or processed is None:
+        index = torch.tensor([row_of[node] for node in emitted_from], device=rows.device)
+        lp = rows.index_select(0, index).to(torch.float32)
+    elif greedy:
+        index = torch.tensor([row_of[node] for node in emitted_from], device=rows.device)
+        lp = processed.index_select(0, index)
+    else:  # processed modes of a random request: the rows it was sampled from (all reached by the walk)
+        lp = torch.stack([sampling_rows[node] for node in emitted_from]).to(torch.float32)
+    if mode.endswith("logprobs"):
+        lp = lp.log_softmax(dim=-1, dtype=torch.float32)
+    return _Decision(path, int(last), lp)
+
+
+def _paths(tree: Any, nodes: np.ndarray) -> list[list[int]]:
+    """Per node: the draft tokens from below the root down to the node."""
+    paths: list[list[int]] = [[]]
+    tokens, parents = tree.tokens, tree.parents
+    for node in range(1, int(nodes.max()) + 1 if nodes.size else 1):
+        paths.append([*paths[int(parents[node])], int(tokens[node])])
+    return [paths[int(n)] for n in nodes.tolist()]
+
+
+def _uniforms(generator: torch.Generator | None, count: int) -> Iterator[float]:
+    """``count`` U[0, 1) draws, from the request's own generator when it has a seed (then the
+    same per step whatever the outcome, so seeded requests reproduce); more if ever needed."""
+    while True:
+        values = torch.rand(count, generator=generator, dtype=torch.float64) if generator is not None \
+            else torch.rand(count, dtype=torch.float64)
+        yield from values.tolist()
+
+
+def _logprobs_grid(runner: Any, sampled_lp: Any, sm: Any, num_reqs: int, max_len: int,
+                   emitted_rows: dict[int, tuple[torch.Tensor, list[int]]]) -> Any:
+    """Logprobs of every emitted token, row ``i * max_len + j`` for request ``i``'s ``j``-th token
+    (the layout vLLM's rejection sampler returns and its output parsing reads).  Plain rows
+    keep what vLLM's sampler computed; tree requests get their emitted tokens' rows."""
+    from vllm.v1.outputs import LogprobsTensors
+
+    if sampled_lp is None:
+        return None
+    if max_len == 1 and not emitted_rows:
+        return sampled_lp
+    width = sampled_lp.logprobs.shape[1]
+    device = sampled_lp.logprobs.device
+
+    def grid(t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((num_reqs * max_len, *t.shape[1:]), dtype=t.dtype, device=t.device)
+
+    ids, lps, ranks = grid(sampled_lp.logprob_token_ids), grid(sampled_lp.logprobs), grid(sampled_lp.selected_token_ranks)
+    plain = torch.tensor([i for i in range(num_reqs) if i not in emitted_rows], dtype=torch.long, device=device)
+    if plain.numel():
+        ids[plain * max_len] = sampled_lp.logprob_token_ids[plain]
+        lps[plain * max_len] = sampled_lp.logprobs[plain]
+        ranks[plain * max_len] = sampled_lp.selected_token_ranks[plain]
+    for i, (rows, tokens) in emitted_rows.items():
+        got = runner.sampler.gather_logprobs(rows, width - 1, torch.tensor(tokens, dtype=torch.int64, device=rows.device))
+        where = i * max_len + torch.arange(len(tokens), device=device)
+        ids[where] = got.logprob_token_ids.to(ids.dtype)
+        lps[where] = got.logprobs.to(lps.dtype)
+        ranks[where] = got.selected_token_ranks.to(ranks.dtype)
+    return LogprobsTensors(ids, lps, ranks)

@@ -53,6 +53,7 @@ from typing import Any, Iterable
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "cycle_prompt",
     "DEFAULT_PROMPTS",
     "LOGIT_STD",
     "build_toy_llama",
@@ -163,7 +164,8 @@ def _one_torch_thread():
         torch.set_num_threads(threads)
 
 
-def _params(seed, num_layers, hidden_size, num_heads, num_kv_heads, vocab_target, cycle_len) -> dict[str, Any]:
+def _params(seed, num_layers, hidden_size, num_heads, num_kv_heads, vocab_target, cycle_len,
+            logit_std=LOGIT_STD) -> dict[str, Any]:
     return {
         "format": TOY_FORMAT,
         "seed": seed,
@@ -173,7 +175,7 @@ def _params(seed, num_layers, hidden_size, num_heads, num_kv_heads, vocab_target
         "num_kv_heads": num_kv_heads,
         "vocab_target": vocab_target,
         "cycle_len": cycle_len,
-        "logit_std": LOGIT_STD,
+        "logit_std": logit_std,
         "context_gain": CONTEXT_GAIN,
         "head_noise": HEAD_NOISE,
     }
@@ -207,7 +209,8 @@ def successor_map(num_tokens: int, first: int, cycle_len: int, seed: int):
     return succ
 
 
-def _init_weights(model, seed: int, num_tokens: int, num_special: int, cycle_len: int) -> None:
+def _init_weights(model, seed: int, num_tokens: int, num_special: int, cycle_len: int,
+                  logit_std: float = LOGIT_STD) -> None:
     import torch
 
     cfg = model.config
@@ -236,7 +239,7 @@ def _init_weights(model, seed: int, num_tokens: int, num_special: int, cycle_len
         head = torch.zeros_like(emb)
         head[succ[num_special:]] = emb[num_special:num_tokens]
         noise = torch.randn(head.shape, generator=gen, dtype=torch.float32)
-        head = (head + HEAD_NOISE * noise) * (LOGIT_STD / d)
+        head = (head + HEAD_NOISE * noise) * (logit_std / d)
         head[:num_special] = 0.0  # never EOS/BOS/PAD
         head[num_tokens:] = 0.0  # ids the tokenizer does not have
         params["lm_head.weight"].copy_(head)
@@ -252,13 +255,17 @@ def build_toy_llama(
     num_kv_heads: int = 1,
     vocab_target: int = 2048,
     cycle_len: int = DEFAULT_CYCLE_LEN,
+    logit_std: float = LOGIT_STD,
 ) -> Path:
     """Write (or reuse) a tiny random Llama + BPE tokenizer as an HF folder at ``path``.
 
     If ``path`` already holds a toy model built with the same parameters it is returned
     as is.  The folder is built in a temporary sibling and renamed into place, so an
     interrupted build never leaves a half folder.  Returns ``path``.  ``cycle_len`` sets
-    how quickly greedy output loops (see the module docstring; 0 = no short loops).
+    how quickly greedy output loops (see the module docstring; 0 = no short loops);
+    ``logit_std`` how peaked the next-token distribution is (the default model is nearly
+    uniform over its tail at temperature 1; sampling tests use a sharper one, so drafts
+    get accepted at temperature 1 too).
     """
     path = Path(path)
     if hidden_size % num_heads:
@@ -271,7 +278,7 @@ def build_toy_llama(
     if vocab_target < 300:
         raise ValueError("vocab_target must be at least 300 (256 byte tokens + specials + merges)")
 
-    params = _params(seed, num_layers, hidden_size, num_heads, num_kv_heads, vocab_target, cycle_len)
+    params = _params(seed, num_layers, hidden_size, num_heads, num_kv_heads, vocab_target, cycle_len, logit_std)
     marker = _read_marker(path)
     if marker is not None and marker.get("params") == params:
         return path
@@ -320,7 +327,7 @@ def build_toy_llama(
     config.dtype = torch.float32
     with _one_torch_thread():
         model = LlamaForCausalLM(config).to(torch.float32)
-        _init_weights(model, seed, n_tok, len(SPECIAL_TOKENS), cycle_len)
+        _init_weights(model, seed, n_tok, len(SPECIAL_TOKENS), cycle_len, logit_std)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,6 +365,23 @@ def build_toy_llama(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def cycle_prompt(path: Path, length: int, start: int = 100) -> list[int]:
+    """``length`` token ids walking the built model's successor cycle through ``start``.
+
+    The model's most likely continuation of such a prompt is the next token of the cycle,
+    which the prompt itself holds: a copy-friendly prompt (drafts from it get accepted).
+    """
+    marker = _read_marker(Path(path))
+    if marker is None:
+        raise FileNotFoundError(f"no toy model at {path}")
+    params = marker["params"]
+    succ = successor_map(marker["tokenizer_vocab"], len(SPECIAL_TOKENS), params["cycle_len"], params["seed"])
+    tokens = [start]
+    while len(tokens) < length:
+        tokens.append(int(succ[tokens[-1]]))
+    return tokens
 
 
 def greedy_logit_gaps(

@@ -1,0 +1,187 @@
+"""The tree speculative-sampling rule (core/sampling.py), checked exactly and statistically.
+
+Exactly: for random trees and random target distributions over a small vocabulary, the
+probability of every emitted token sequence under the rule is computed by enumeration and
+compared with the target's own probability of it.  Statistically: the chi-square harness
+(vllm_lookahead/testing/stats.py) that the engine tests use accepts the rule and rejects
+three deliberately wrong ones -- the tests of the test.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.core import TreeBuilder
+from vllm_lookahead.core.sampling import children_with_logits, sample_from, tree_speculative_sample
+from vllm_lookahead.core.tree import DraftTree
+from vllm_lookahead.testing.stats import compare_samples, sequence_histograms
+from vllm_lookahead.testing.wrong_rules import WRONG_RULES
+
+VOCAB = 5
+
+
+class TableModel:
+    """p(next | last two tokens): a random table with some zero entries (like top-k/top-p masks)."""
+
+    def __init__(self, seed: int, vocab: int = VOCAB) -> None:
+        rng = np.random.default_rng(seed)
+        table = rng.dirichlet(np.full(vocab, 0.7), size=(vocab, vocab))
+        table[rng.random(table.shape) < 0.25] = 0.0
+        table[..., 0] += 1e-3  # never an all-zero row
+        self.table = table / table.sum(-1, keepdims=True)
+
+    def __call__(self, context: tuple[int, ...]) -> np.ndarray:
+        return self.table[context[-2], context[-1]]
+
+
+def node_contexts(tree: DraftTree, context: tuple[int, ...]) -> list[tuple[int, ...]]:
+    texts = [context]
+    for node in range(1, tree.size):
+        texts.append(texts[int(tree.parents[node])] + (int(tree.tokens[node]),))
+    return texts
+
+
+def exact_rule_distribution(tree: DraftTree, probs: list[np.ndarray]) -> dict[tuple[int, ...], float]:
+    """P(the step emits this token sequence) under the rule, by enumeration."""
+    children = children_with_logits(tree)
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(node: int, prefix: tuple[int, ...], weight: float) -> None:
+        r = probs[node].astype(np.float64).copy()
+        for child in children[node]:
+            x = int(tree.tokens[child])
+            total = r.sum()
+            if r[x] <= 0:
+                continue
+            walk(child, prefix + (x,), weight * r[x] / total)
+            weight *= 1 - r[x] / total
+            r[x] = 0.0
+        total = r.sum()
+        for token in np.flatnonzero(r > 0):
+            key = prefix + (int(token),)
+            out[key] = out.get(key, 0.0) + weight * r[token] / total
+
+    walk(0, (), 1.0)
+    return out
+
+
+def random_tree(rng: np.random.Generator, root: int, size: int, vocab: int = VOCAB) -> DraftTree:
+    b = TreeBuilder(root)
+    while b.size < size:
+        b.add(int(rng.integers(0, b.size)), int(rng.integers(0, vocab)), bool(rng.random() < 0.8))
+    return b.build()
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.integers(1, 12))
+def test_the_rule_emits_exactly_the_target_distribution(seed, size):
+    rng = np.random.default_rng(seed)
+    model = TableModel(seed)
+    context = (int(rng.integers(VOCAB)), int(rng.integers(VOCAB)))
+    tree = random_tree(rng, context[-1], size)
+    contexts = node_contexts(tree, context)
+    emitted = exact_rule_distribution(tree, [model(c) for c in contexts])
+    assert abs(sum(emitted.values()) - 1.0) < 1e-9
+    # The step's output is a prefix of the continuation: compare the first-token marginal and,
+    # extending each emitted sequence by the target itself, the first two and three tokens.
+    for length in (1, 2, 3):
+        got: dict[tuple[int, ...], float] = {}
+        for seq, prob in emitted.items():
+            for tail, tail_prob in _continuations(model, context + seq, length - len(seq)):
+                key = (seq + tail)[:length]
+                got[key] = got.get(key, 0.0) + prob * tail_prob
+        want = dict(_continuations(model, context, length))
+        keys = set(got) | set(want)
+        assert max(abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in keys) < 1e-9
+
+
+def _continuations(model, context, length):
+    """(tokens, probability) of every continuation of ``length`` tokens under the target."""
+    if length <= 0:
+        yield (), 1.0
+        return
+    p = model(context)
+    for token in np.flatnonzero(p > 0):
+        for tail, q in _continuations(model, context + (int(token),), length - 1):
+            yield (int(token),) + tail, float(p[token]) * q
+
+
+def test_sample_from_respects_the_support_at_the_edges():
+    r = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
+    assert sample_from(r, 1.0, 0.0) == 1
+    assert sample_from(r, 1.0, 0.4999) == 1
+    assert sample_from(r, 1.0, 0.5) == 3
+    assert sample_from(r, 1.0, 1.0 - 1e-16) == 3
+    assert sample_from(r, 1.0 + 1e-12, 1.0 - 1e-16) == 3  # rounding past the end stays in the support
+
+
+def test_leaf_and_root_only_trees():
+    p = np.array([0.1, 0.2, 0.3, 0.4, 0.0])
+    rng = np.random.default_rng(0)
+    path, token = tree_speculative_sample(DraftTree.chain([7]), {0: p}, rng.random)
+    assert path.size == 0 and p[token] > 0
+
+
+# -- the statistical harness, and wrong rules it must reject ----------------------------------
+
+Rule = Callable[[DraftTree, Callable[[int], np.ndarray], Callable[[], float]], tuple[np.ndarray, int]]
+
+
+def simulate(rule: Rule, model: TableModel, context, tree_maker, samples: int, length: int, seed: int):
+    """``samples`` continuations of ``length`` tokens: one drafted step by ``rule``, then the target."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(samples):
+        tree = tree_maker(context)
+        probs = [model(c) for c in node_contexts(tree, context)]
+        path, last = rule(tree, probs.__getitem__, rng.random)
+        seq = [int(t) for t in tree.tokens[path]] + [int(last)]
+        while len(seq) < length:
+            p = model(context + tuple(seq))
+            seq.append(sample_from(p, 1.0, rng.random()))
+        out.append(seq[:length])
+    return out
+
+
+def branching_tree(model: TableModel) -> Callable[[tuple], DraftTree]:
+    """Two candidates sharing a first token (merged), one more, and a 'window' chain without logits."""
+
+    def make(context):
+        root = context[-1]
+        likely = np.argsort(-model(context))
+        b = TreeBuilder(root)
+        b.add_chain(0, [int(likely[0]), int(likely[1]), 2], True, merge=True)
+        b.add_chain(0, [int(likely[0]), int(likely[0]), 1], True, merge=True)
+        b.add_chain(0, [int(likely[1]), 3], True, merge=True)
+        b.add_chain(0, [4, 4], False)
+        return b.build()
+
+    return make
+
+
+@pytest.mark.parametrize("name", ["the rule", *WRONG_RULES])
+def test_the_chi_square_harness_accepts_the_rule_and_rejects_wrong_ones(name):
+    rule, should_pass = (tree_speculative_sample, True) if name == "the rule" else (WRONG_RULES[name], False)
+    model = TableModel(seed=3)
+    context = (1, 2)
+    make = branching_tree(model)
+    reference = simulate(lambda t, p, u: (np.zeros(0, np.int64), sample_from(p(0), 1.0, u())), model, context, make,
+                         3000, 3, seed=11)
+    candidate = simulate(rule, model, context, make, 3000, 3, seed=12)
+    report = compare_samples(sequence_histograms(reference, 3), sequence_histograms(candidate, 3), alpha=1e-3)
+    assert report.passed == should_pass, report.summary()
+
+
+def test_chi_square_survival_function_matches_tables():
+    from vllm_lookahead.testing.stats import chi2_sf
+
+    # 95 % and 99 % quantiles from standard tables
+    for x, dof, p in ((3.841459, 1, 0.05), (18.307038, 10, 0.05), (6.634897, 1, 0.01), (37.566235, 20, 0.01)):
+        assert abs(chi2_sf(x, dof) - p) < 1e-6
+    assert chi2_sf(0.0, 3) == 1.0 and chi2_sf(1e4, 3) < 1e-100

@@ -1,0 +1,94 @@
+"""Exact speculative sampling over a token tree of one-hot drafts.
+
+The multi-candidate rule of SpecInfer (Miao et al., 2024, arXiv:2305.09781,
+Alg. 2 with deterministic drafts), which LADE's sampling mode also follows
+(Fu et al., 2024, arXiv:2402.02057, Sec. 3.4).  With ``p_v`` the target
+distribution at node ``v`` -- everything the engine applies when it samples
+without speculation (temperature, top-k/top-p, penalties, masks) -- one step is::
+
+    v = root
+    loop:
+        r = p_v
+        for each child c of v with logits, in node order (fixed before p is seen):
+            with probability r[c] / sum(r): emit token(c); v = c; continue the loop
+            otherwise r[token(c)] = 0
+        emit a sample of r / sum(r); stop        (v a leaf: r = p_v, the bonus token)
+
+Each emitted token is distributed exactly as sampling from ``p`` would give it:
+accepting ``x`` with probability ``r(x)/sum(r)`` or else sampling from ``r``
+with ``x`` removed is, marginally, a sample of ``r / sum(r)`` (the one-hot
+case of speculative sampling); by induction over the tried children, the
+token emitted at ``v`` is a sample of ``p_v``.  Children with the same token
+are allowed but useless: after the first is rejected the second has ``r = 0``.
+A child without logits cannot be continued from and is not tried.
+
+Greedy requests are the limit ``p_v`` = one-hot at the argmax; they use
+:func:`~vllm_lookahead.core.verify.greedy_verify`, which also finds the
+deepest match when several children carry the argmax token.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from .tree import DraftTree
+
+Uniform = Callable[[], float]  # one U[0, 1) draw (the request's own generator if seeded)
+
+
+def children_with_logits(tree: DraftTree) -> list[list[int]]:
+    """Per node, its children that have logits, in node order."""
+    children: list[list[int]] = [[] for _ in range(tree.size)]
+    parents, logits = tree.parents, tree.logits
+    for node in range(1, tree.size):
+        if logits[node]:
+            children[int(parents[node])].append(node)
+    return children
+
+
+def sample_from(r: np.ndarray, total: float, u: float) -> int:
+    """Inverse-CDF sample of ``r / total`` with one uniform draw ``u``."""
+    cdf = np.cumsum(r)
+    index = int(np.searchsorted(cdf, u * total, side="right"))
+    index = min(index, len(r) - 1)
+    while r[index] <= 0 and index > 0:  # u * total landed on the end of the support (rounding)
+        index -= 1
+    return index
+
+
+def tree_speculative_sample(
+    tree: DraftTree, probs: Mapping[int, np.ndarray] | Callable[[int], np.ndarray], uniform: Uniform
+) -> tuple[np.ndarray, int]:
+    """``(path, final_token)``: accepted node ids from depth 1 down, then the token emitted
+    after them (a residual sample, or the bonus token after a leaf).
+
+    ``probs``: node -> target distribution over the vocabulary at that node (float64,
+    sums to 1), asked only for the nodes the walk reaches; ``uniform``: U[0, 1) draws.
+    """
+    get = probs if callable(probs) else probs.__getitem__
+    children = children_with_logits(tree)
+    tokens = tree.tokens
+    path: list[int] = []
+    node = 0
+    while True:
+        r = np.array(get(node), dtype=np.float64, copy=True)
+        total = float(r.sum())
+        accepted = None
+        for child in children[node]:
+            x = int(tokens[child])
+            mass = r[x]
+            if mass <= 0.0:
+                continue  # impossible under p (or a sibling with the same token was rejected)
+            if uniform() * total < mass:
+                accepted = child
+                break
+            r[x] = 0.0
+            total -= mass
+        if accepted is None:
+            if total <= 0.0:  # every remaining token was rejected: cannot happen with sum(p) = 1
+                raise ValueError(f"no probability mass left at node {node}")
+            return np.asarray(path, dtype=np.int64), sample_from(r, total, uniform())
+        path.append(accepted)
+        node = accepted
