@@ -161,7 +161,7 @@ class Baselines:
         engine = self.pool.get(model, None, **settings)
         for prompts, max_tokens, batch, params in missing:
             key = self._key(model, settings, prompts, max_tokens, batch, params)
-            self._cache[key] = engine.generate(prompts, max_tokens, batch=batch, logprobs=2, **params)
+            self._cache[key] = engine.generate(prompts, max_tokens, batch=batch, **{"logprobs": 2, **params})
 
     def get(self, model: str, settings: dict, prompts: list[list[int]], max_tokens: int, batch: int, **params):
         self.prefetch(model, settings, [(prompts, max_tokens, batch, params)])

@@ -26,6 +26,7 @@ ENGINE_DEFAULTS = dict(
     block_size=32,  # small blocks: requests that share a prompt share its cached KV
     seed=0,
     disable_log_stats=False,
+    max_logprobs=-1,  # requests may ask for the whole vocabulary (logprobs=-1)
 )
 
 # The toy engine with branching trees that several test files share (engines fixture).

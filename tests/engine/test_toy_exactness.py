@@ -56,7 +56,7 @@ def _decode(tokens: list[int]) -> str:
 
     from vllm_lookahead.models import cache_root
 
-    return AutoTokenizer.from_pretrained(str(cache_root() / "toy-llama")).decode(tokens)
+    return AutoTokenizer.from_pretrained(str(cache_root() / "toy-llama")).decode(tokens, skip_special_tokens=True)
 
 
 def _choice():
