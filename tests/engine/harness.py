@@ -31,6 +31,10 @@ ENGINE_DEFAULTS = dict(
 
 # The toy engine with branching trees that several test files share (engines fixture).
 TOY_TREE = {"method": "lookahead", "window_size": 3, "ngram_size": 4, "guess_set_size": 5, "max_tokens_per_step": 0}
+# The bundled model's engine with branching trees (test_real_exactness.py, test_sampling_stats.py):
+# candidates merged where they share a first token, plus a 2 x 2 window, no per-step cap.
+REAL_TREE = {"method": "lookahead", "window_size": 2, "ngram_size": 3, "guess_set_size": 2, "max_lead_tokens": 0,
+             "max_tokens_per_step": 0}
 
 
 def specbench_questions(categories: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:

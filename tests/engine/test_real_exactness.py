@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import compare, counter_delta, mean_accepted_tokens, specbench_questions
+from harness import REAL_TREE, compare, counter_delta, mean_accepted_tokens, specbench_questions
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
 
@@ -39,8 +39,10 @@ def test_real_model_greedy_identical(real_model, baselines, engines):
     baselines.prefetch(real_model, SETTINGS, [(prompts, TOKENS_B1, 1, {}), (prompts, TOKENS_B8, 8, {})])
     base1 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B1, batch=1)
     base8 = baselines.get(real_model, SETTINGS, prompts, TOKENS_B8, batch=8)
-    # The paper's full trees (no per-step cap): every draft row goes through the tree-attention path.
-    engine = engines.get(real_model, {"method": "lookahead", "max_tokens_per_step": 0}, **SETTINGS)
+    # Branching trees with the window, no per-step cap: every draft row goes through the
+    # tree-attention path (the paper's full 7/5/7 trees run on the toy model, test_toy_exactness.py).
+    # The engine is shared with test_sampling_stats.py.
+    engine = engines.get(real_model, REAL_TREE, **SETTINGS)
     before = engine.metrics()
     got1 = engine.generate(prompts, TOKENS_B1, batch=1)
     mid = engine.metrics()

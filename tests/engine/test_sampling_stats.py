@@ -27,7 +27,7 @@ from collections import Counter
 
 import pytest
 
-from harness import TOY_TREE, Engine, counter_delta, mean_accepted_tokens
+from harness import REAL_TREE, TOY_TREE, Engine, counter_delta, mean_accepted_tokens
 from vllm_lookahead.testing.stats import compare_samples, compare_to_exact
 
 pytestmark = pytest.mark.engine
@@ -49,8 +49,6 @@ TOY_SETTINGS = ("T=0.7", "T=1.0", "T=1.0 top-p 0.9", "T=0.7 top-k 5")
 # CPU "auto": the lead candidate as one chain within 24 tokens per step -- at 8 requests in flight
 # (the engines' max_num_seqs), 2 draft tokens each.
 CHAIN = {"method": "lookahead"}
-REAL_TREE = {"method": "lookahead", "window_size": 2, "ngram_size": 3, "guess_set_size": 2, "max_lead_tokens": 0,
-             "max_tokens_per_step": 0}
 # SmolLM2 (CI time): each of the four settings once, each configuration at two of them
 REAL = [("chain (CPU default)", CHAIN, "T=0.7"), ("chain (CPU default)", CHAIN, "T=1.0 top-p 0.9"),
         ("tree", REAL_TREE, "T=1.0"), ("tree", REAL_TREE, "T=0.7 top-k 5")]
