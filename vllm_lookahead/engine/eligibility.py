@@ -11,7 +11,9 @@ the log says so once per reason:
   method (its rejection sampler does not apply them to draft rows); lookahead
   accepts such requests and serves them undrafted;
 * ``thinking_token_budget``: the reasoning-budget state machine would have to be
-  replayed along every tree path;
+  replayed along every tree path (vLLM's ``ngram`` does draft for it); such requests
+  are sampled with the holder's non-speculative layout
+  (:func:`~vllm_lookahead.engine.verify_step.sample_one_row_per_request`);
 * ``logprob_token_ids`` (generative scoring): vLLM's speculative path does not
   return them either;
 * pooling requests (no sampling parameters).

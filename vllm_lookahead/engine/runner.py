@@ -45,7 +45,7 @@ from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, Pag
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.stats import LookaheadStats
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
-from vllm_lookahead.engine.verify_step import StepOutcome, verify_step
+from vllm_lookahead.engine.verify_step import StepOutcome, sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -191,12 +191,13 @@ class RunnerLookahead:
         runner = self.runner
         batch, self.batch = self.batch, None
         if batch is None:
-            if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+            if spec_decode_metadata is None or not any(spec_decode_metadata.num_draft_tokens):
                 # No drafts anywhere in the batch: sample exactly as vLLM without
                 # speculation does (its rejection sampler skips logits processors
-                # such as min_p/logit_bias, which lookahead lets through).
+                # such as min_p/logit_bias, which lookahead lets through; its
+                # thinking-budget holder would use the speculative row layout).
                 runner.input_batch.update_async_output_token_ids()
-                return runner.sampler(logits=logits, sampling_metadata=runner.input_batch.sampling_metadata)
+                return sample_one_row_per_request(runner.sampler, logits, runner.input_batch.sampling_metadata)
             return None
         if batch.needs_tree_attention and batch.tree_attention_layers == 0:
             raise RuntimeError(

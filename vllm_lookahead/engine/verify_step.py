@@ -30,7 +30,7 @@ we instead:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -63,7 +63,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     input_batch = runner.input_batch
     sm = input_batch.sampling_metadata
     num_reqs = input_batch.num_reqs
-    sampled = runner.sampler(logits=logits[batch.sample_rows], sampling_metadata=sm)
+    sampled = sample_one_row_per_request(runner.sampler, logits[batch.sample_rows], sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
     tree_logits = logits[batch.tree_logit_rows]
     tree_argmax = tree_logits.argmax(dim=-1).cpu().numpy()
@@ -107,6 +107,28 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     token_ids = token_ids.to(sampled.sampled_token_ids.device)
     logprobs = _logprobs_grid(runner, sampled.logprobs_tensors, sm, num_reqs, max_len, emitted_rows)
     return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), outcomes
+
+
+def sample_one_row_per_request(sampler: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
+    """vLLM's ``Sampler`` over one row per request (the roots of this step's drafts, or a step
+    without drafts), exactly as vLLM samples without speculation.
+
+    The one state that differs: vLLM's thinking-budget holder (``ThinkingBudgetStateHolder``),
+    built in speculative mode, finds a request's row by the draft lengths before it
+    (``cu_num_tokens``, the rejection sampler's target layout) and would force the end-of-thinking
+    token into another request's row here.  Lookahead does not draft for budgeted requests
+    (``eligibility.py``), so for this call the holder takes its non-speculative layout (one row
+    per request, no drafts) and is put back after it.
+    """
+    holder = getattr(sampling_metadata, "thinking_budget_state_holder", None)
+    if holder is None or not holder.has_tracked_requests():
+        return sampler(logits=logits, sampling_metadata=sampling_metadata)
+    spec_mode = holder.in_spec_mode
+    holder.in_spec_mode = False
+    try:
+        return sampler(logits=logits, sampling_metadata=replace(sampling_metadata, spec_token_ids=None))
+    finally:
+        holder.in_spec_mode = spec_mode
 
 
 @dataclass
