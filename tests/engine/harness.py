@@ -29,6 +29,9 @@ ENGINE_DEFAULTS = dict(
     max_logprobs=-1,  # requests may ask for the whole vocabulary (logprobs=-1)
 )
 
+# Thinking markers of every test engine's reasoning config (tokenized by each model's tokenizer).
+THINK_START, THINK_END = "<think>", "</think>"
+
 # The toy engine with branching trees that several test files share (engines fixture).
 TOY_TREE = {"method": "lookahead", "window_size": 3, "ngram_size": 4, "guess_set_size": 5, "max_tokens_per_step": 0}
 # The bundled model's engine with branching trees (test_real_exactness.py, test_sampling_stats.py):
@@ -64,6 +67,13 @@ class Engine:
         from vllm import LLM
 
         kwargs = {**ENGINE_DEFAULTS, **overrides}
+        if "reasoning_config" not in kwargs:
+            # Every engine knows thinking markers (a fresh config per engine: it caches the
+            # model's token ids), so requests may carry a thinking_token_budget; requests
+            # without one are untouched by it.
+            from vllm.config.reasoning import ReasoningConfig
+
+            kwargs["reasoning_config"] = ReasoningConfig(reasoning_start_str=THINK_START, reasoning_end_str=THINK_END)
         if speculative_config is not None:
             kwargs["speculative_config"] = speculative_config
         with _multiprocessing(not in_process):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from harness import TOY_TREE, Engine, compare, counter_delta
+from harness import THINK_END, THINK_START, TOY_TREE, Engine, compare, counter_delta
 from vllm_lookahead.testing.stats import compare_samples
 from vllm_lookahead.testing.wrong_rules import WRONG_RULES
 
@@ -117,6 +117,47 @@ def test_a_fully_cached_prompt_is_not_padded_with_placeholder_drafts(sharp_toy_m
     delta = counter_delta(before, engine.metrics())
     assert delta.get("vllm:prefix_cache_hits", 0) >= 64
     assert delta.get("vllm:spec_decode_num_draft_tokens", 0) == 0
+
+
+def test_thinking_budget_drafts_and_forces_the_end_where_vllm_does(sharp_toy_model, baselines, engines):
+    """Requests with a thinking_token_budget (the engines' reasoning config: ``<think>`` ...
+    ``</think>``, several toy tokens each) are drafted for, and the end marker is forced exactly
+    where vLLM forces it without speculation: greedy outputs equal the no-speculation run's, and
+    along every output (sampled ones too) each token vLLM's budget state machine would force is
+    the token emitted there."""
+    from vllm_lookahead.testing.thinking import forced_tokens
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(sharp_toy_model)
+    start = tok.encode(THINK_START, add_special_tokens=False)  # as vLLM's ReasoningConfig does
+    end = tok.encode(THINK_END, add_special_tokens=False)
+    base = _prompts(sharp_toy_model)
+    # Prompts that open a section 0-5 tokens before their end, and two whose section is closed.
+    prompts = [p + start + p[:k] for k, p in zip((0, 1, 2, 3, 0, 5), base[:6])]
+    prompts += [p + start + p[:3] + end for p in base[6:8]]
+    budgets = (4, 10, 24, 40, 0, 16, 8, 8)
+    greedy = tuple({"thinking_token_budget": b} for b in budgets)
+    sampled = tuple({"thinking_token_budget": b, "temperature": 0.8, "seed": 20 + i} for i, b in enumerate(budgets))
+    want = baselines.get(sharp_toy_model, {}, prompts, 64, batch=8, per_prompt=greedy)
+    engine = engines.get(sharp_toy_model, TREE)  # after the baseline's engine: its metrics are the ones served
+    reasoning = engine.llm.llm_engine.vllm_config.reasoning_config
+    assert (reasoning.reasoning_start_token_ids, reasoning.reasoning_end_token_ids) == (start, end)
+    before = engine.metrics()
+    got = engine.generate(prompts, 64, batch=8, per_prompt=greedy)
+    got_sampled = engine.generate(prompts, 64, batch=8, per_prompt=sampled)
+    metrics = counter_delta(before, engine.metrics())
+    report, failures = compare(want, got, "thinking budget")
+    assert not failures, report
+    n_forced = 0
+    for prompt, budget, *outputs in zip(prompts, budgets, want, got, got_sampled):
+        for out in outputs:
+            forced = forced_tokens(start, end, budget, prompt, out.tokens)
+            assert all(out.tokens[m] == t for m, t in forced.items()), (budget, forced, out.tokens)
+            n_forced += len(forced)
+    assert n_forced >= 3 * 6 * len(end)  # the six open sections are forced shut in all three runs
+    drafts = metrics.get("vllm:spec_decode_num_drafts", 0)
+    assert drafts > 0 and metrics.get("vllm:spec_decode_num_accepted_tokens", 0) > drafts / 2  # MAT > 1.5
 
 
 # -- the tests of the test -------------------------------------------------------------

@@ -20,6 +20,7 @@ SamplingParams = pytest.importorskip("vllm").SamplingParams
         dict(temperature=0.0, min_tokens=5),
         dict(temperature=0.6, bad_words=["foo bar"]),
         dict(temperature=0.7, n=3),
+        dict(temperature=0.6, thinking_token_budget=32),  # drafted within the budget (thinking_budget.py)
     ],
 )
 def test_what_vllm_drafts_for_is_drafted(kwargs):

@@ -123,3 +123,38 @@ def test_initial_window_depends_on_the_prompt_not_on_the_request_id():
     assert first_level("7-ffffeeee", prompt) == same
     assert first_level("0-1a2b3c4d", other) != same
     assert first_level("0-1a2b3c4d", prompt, seed=1) != same
+
+
+def test_thinking_budget_limits_the_draft_depth_and_stops_before_markers():
+    """Budgeted requests (vLLM's holder: start marker 9, end marker 8) are drafted no deeper than
+    the holder's count allows and never through a marker token; the others are not limited."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+    from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder
+
+    p = _proposer("cpu", ngram_size=8, max_tokens_per_step=0)  # lead candidates of 7 tokens, no step cap
+    runner = p.owner.runner
+    reasoning = SimpleNamespace(reasoning_start_token_ids=[9], reasoning_end_token_ids=[8])
+    holder = ThinkingBudgetStateHolder(reasoning, 4, 0, torch.device("cpu"), False)
+    runner.input_batch.thinking_budget_state_holder = holder
+    thinking = [9, *[1, 2, 3, 4] * 3]  # the prompt opens a section: 12 thinking tokens
+    plain = [1, 2, 3, 8] * 3  # no section; the end marker inside the repeated text
+    prompts = {"think16": thinking, "think20": thinking, "plain": plain, "free": thinking}
+    budgets = {"think16": 16, "think20": 20, "plain": 100, "free": None}
+    runner.input_batch.req_ids = list(prompts)
+    runner.requests = {
+        r: SimpleNamespace(prompt_token_ids=t, output_token_ids=[1],
+                           sampling_params=SamplingParams(temperature=0.0, max_tokens=100,
+                                                          thinking_token_budget=budgets[r]))
+        for r, t in prompts.items()
+    }
+    holder.sync_batch(BatchUpdate(batch_size=4, removed=[], moved=[], added=[
+        (i, runner.requests[r].sampling_params, t, []) for i, (r, t) in enumerate(prompts.items())]))
+    holder.update_state([[], [], [], []], None)  # the step that sampled token 1 read the output before it
+    drafts = _step(p, [t + [1] for t in prompts.values()])
+    # 12 + 1 thinking tokens: rows at depth d sample token 14 + d, kept <= budget - 1.
+    assert drafts[0] == [2]
+    assert drafts[1] == [2, 3, 4, 1, 2]
+    assert drafts[2] == [2, 3]  # stops before the end marker
+    assert drafts[3][:5] == drafts[1] and len(drafts[3]) > 5  # no budget: not limited

@@ -17,6 +17,7 @@ One decode step, in order (state owned by ``runner.RunnerLookahead``, one per wo
     ``verify_step.py``  verify -> compact: roots sampled by vLLM, trees verified (greedy match or
                         exact multi-candidate speculative sampling), KV moved
     ``draft_step.py``, ``eligibility.py``   propose: per-request draft room, window seed, who may draft
+    ``thinking_budget.py``  propose: how deep thinking-budget requests may be drafted
     ``proposer.py``     the ``custom_class`` object vLLM calls (a thin adapter)
     ``stats.py``        the plugin's own counters
 """

@@ -10,16 +10,15 @@ the log says so once per reason:
 * ``min_p`` and ``logit_bias``: vLLM itself refuses them with any speculative
   method (its rejection sampler does not apply them to draft rows); lookahead
   accepts such requests and serves them undrafted;
-* ``thinking_token_budget``: the reasoning-budget state machine would have to be
-  replayed along every tree path (vLLM's ``ngram`` does draft for it); such requests
-  are sampled with the holder's non-speculative layout
-  (:func:`~vllm_lookahead.engine.verify_step.sample_one_row_per_request`);
 * ``logprob_token_ids`` (generative scoring): vLLM's speculative path does not
   return them either;
 * pooling requests (no sampling parameters).
 
 Structured-output requests draft one chain (no branching, no window): vLLM's
-grammar code computes a bitmask per draft position along a chain.
+grammar code computes a bitmask per draft position along a chain.  Requests with a
+thinking-token budget are drafted only as deep as vLLM's budget state machine
+cannot force a draft row, and never through a thinking marker token
+(:mod:`.thinking_budget`).
 """
 
 from __future__ import annotations
@@ -37,8 +36,6 @@ def draft_blocker(sp: Any) -> str | None:
         return "min_p (vLLM refuses it with speculative decoding)"
     if sp.logit_bias:
         return "logit_bias (vLLM refuses it with speculative decoding)"
-    if getattr(sp, "thinking_token_budget", None) is not None:
-        return "thinking_token_budget"
     if getattr(sp, "logprob_token_ids", None):
         return "logprob_token_ids (generative scoring)"
     return None

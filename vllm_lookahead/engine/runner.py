@@ -44,6 +44,7 @@ from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.stats import LookaheadStats
+from vllm_lookahead.engine.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
 from vllm_lookahead.engine.verify_step import StepOutcome, sample_one_row_per_request, verify_step
 
@@ -80,6 +81,7 @@ class RunnerLookahead:
         # Engine-wide reason not to draft: custom logits processors cannot be replayed per tree node.
         custom = getattr(runner.model_config, "logits_processors", None)
         self.blocked = "custom logits processors (--logits-processors)" if custom else None
+        self._thinking: ThinkingLimit | None = None
         proposer.attach(self)
         logger.info("lookahead decoding active: %s", self.config.summary())
 
@@ -246,12 +248,13 @@ class RunnerLookahead:
                 state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history)
             else:
                 state.catch_up(history)
-            drafts.append(self._next_draft(req_id, req_state, state, new_tokens[-1], history, budget))
+            drafts.append(self._next_draft(i, req_id, req_state, state, new_tokens, history, budget))
         self.stats.propose_seconds += time.perf_counter() - t0
         return drafts
 
     def _next_draft(
-        self, req_id: str, req_state: Any, state: RequestLookahead, root: int, history: np.ndarray, budget: int | None
+        self, i: int, req_id: str, req_state: Any, state: RequestLookahead, new_tokens: list[int],
+        history: np.ndarray, budget: int | None
     ) -> list[int]:
         sp = req_state.sampling_params
         num_output = len(req_state.output_token_ids)
@@ -259,9 +262,14 @@ class RunnerLookahead:
         room = 0 if reason is not None else draft_room(sp, num_output, len(history), self.max_model_len, budget)
         if reason is not None:
             self._warn_once(reason)
+        thinking = self.thinking_limit() if sp is not None and sp.thinking_token_budget is not None else None
+        if thinking is not None and room > 0:
+            limit = thinking.room(i, num_output, len(history) - num_output, new_tokens)
+            room = room if limit is None else min(room, limit)
         if room <= 0:
             self.pending.pop(req_id, None)
             return []
+        root = new_tokens[-1]
         recent = history[max(0, len(history) - self.config.lookup_context) :]
         # Random sampling tries a node's children in turn, so candidates sharing a prefix are
         # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
@@ -270,9 +278,24 @@ class RunnerLookahead:
             draft = state.propose(int(root), recent, budget=room, window=False, max_candidates=1)
         else:
             draft = state.propose(int(root), recent, budget=room, merge=merge)
+        tokens = draft.tree.draft_tokens[:room]
+        if thinking is not None:
+            # No marker token in a draft (a prefix of a tree in topological order is a tree).
+            tokens = tokens[: thinking.cut(tokens)]
+            if not tokens:
+                self.pending.pop(req_id, None)
+                return []
         self.pending[req_id] = draft
         self.stats.on_propose(draft)
-        return draft.tree.draft_tokens[:room]
+        return tokens
+
+    def thinking_limit(self) -> ThinkingLimit | None:
+        """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,
+        so it ignores budgets).  Follows the input batch, which vLLM may rebuild at start-up."""
+        holder = getattr(self.runner.input_batch, "thinking_budget_state_holder", None)
+        if self._thinking is None or self._thinking.holder is not holder:
+            self._thinking = ThinkingLimit.of(self.runner)
+        return self._thinking
 
     # -- request lifecycle ---------------------------------------------------------------
     def forget(self, req_ids: Any) -> None:

@@ -18,8 +18,9 @@ depends on the text so far is evaluated on the request's output plus the path:
    (``apply_top_k_top_p``), softmax.
 
 Not here, because lookahead does not draft for them (``eligibility.py``): min_p and
-logit_bias (vLLM refuses them with speculation), thinking-token budgets, generative
-scoring, custom logits processors.
+logit_bias (vLLM refuses them with speculation), generative scoring, custom logits
+processors.  Nor the thinking-token budget's forcing: budgeted requests are drafted
+only where it cannot apply to a draft row (``thinking_budget.py``).
 """
 
 from __future__ import annotations

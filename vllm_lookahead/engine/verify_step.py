@@ -116,9 +116,9 @@ def sample_one_row_per_request(sampler: Any, logits: torch.Tensor, sampling_meta
     The one state that differs: vLLM's thinking-budget holder (``ThinkingBudgetStateHolder``),
     built in speculative mode, finds a request's row by the draft lengths before it
     (``cu_num_tokens``, the rejection sampler's target layout) and would force the end-of-thinking
-    token into another request's row here.  Lookahead does not draft for budgeted requests
-    (``eligibility.py``), so for this call the holder takes its non-speculative layout (one row
-    per request, no drafts) and is put back after it.
+    token into another request's row here.  Only root rows can be forced (budgeted requests are
+    drafted only where no draft row can be, :mod:`.thinking_budget`), so for this call the holder
+    takes its non-speculative layout (one row per request, no drafts) and is put back after it.
     """
     holder = getattr(sampling_metadata, "thinking_budget_state_holder", None)
     if holder is None or not holder.has_tracked_requests():
