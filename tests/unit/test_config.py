@@ -14,7 +14,8 @@ def test_defaults_and_draft_size():
 @pytest.mark.parametrize(
     "spec,needles",
     [
-        ({"window_size": 0}, ["window_size", "0", "[1, 64]"]),
+        ({"window_size": 65}, ["window_size", "65", "[0, 64]"]),
+        ({"window_size": 0, "guess_set_size": 0}, ["window_size and guess_set_size are both 0"]),
         ({"ngram_size": 1}, ["ngram_size", "1", "[2, 16]"]),
         ({"guess_set_size": -3}, ["guess_set_size", "-3", "[0, 64]"]),
         ({"window_size": "7"}, ["window_size", "'7'"]),
@@ -80,7 +81,7 @@ def test_ranges_are_read_off_the_fields_and_the_readme_states_them():
 
     from vllm_lookahead.config import field_range
 
-    assert field_range("window_size") == "an integer in [1, 64]"
+    assert field_range("window_size") == "an integer in [0, 64]"
     assert field_range("window_shift") == "one of 'one', 'accepted'"
     assert field_range("max_tokens_per_step") == "'auto' or an integer in [0, 65536]"
 

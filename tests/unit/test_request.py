@@ -21,6 +21,7 @@ from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import (
     DraftTree,
     RequestLookahead,
+    Source,
     StepDraft,
     greedy_verify,
 )
@@ -70,6 +71,12 @@ class Counters:
     steps: int = 0
     drafted: int = 0
     emitted: int = 0
+    sources: set = None  # Sources of every draft node proposed
+    accepted_from: dict = None  # Source -> accepted draft tokens
+
+    def __post_init__(self) -> None:
+        self.sources = set()
+        self.accepted_from = dict.fromkeys(Source, 0)
 
     @property
     def tokens_per_step(self) -> float:
@@ -94,6 +101,8 @@ def simulate(
         step += 1
         draft = lookahead.propose(history[-1], history[-params.lookup_context :], budget=limit)
         draft.tree.validate()
+        check_sources(draft, params)
+        counters.sources.update(Source(int(x)) for x in draft.sources[1:])
         assert draft.tree.size - 1 <= params.max_draft_tokens
         if limit is not None:
             assert draft.tree.size - 1 <= limit
@@ -101,6 +110,8 @@ def simulate(
         tree = draft.tree.prefix(run)
         argmax = node_argmax(tree, history[-CONTEXT:], oracle)
         path, bonus = greedy_verify(tree, argmax)
+        for node in path.tolist():
+            counters.accepted_from[Source(int(draft.sources[node]))] += 1
         accepted = tree.tokens[path].tolist() + [bonus]
         accepted = accepted[: max_new - (len(history) - len(prompt))]  # max_tokens stop
         history.extend(accepted)
@@ -108,8 +119,24 @@ def simulate(
         counters.steps += 1
         counters.drafted += run - 1
         counters.emitted += len(accepted)
-        assert all((level >= 0).all() for level in lookahead.window.levels)
+        assert lookahead.window is None or all((level >= 0).all() for level in lookahead.window.levels)
     return history[len(prompt) :], lookahead, counters
+
+
+def check_sources(draft: StepDraft, params: LookaheadConfig) -> None:
+    """Every node carries a source: the root none, the lookahead branch WINDOW, candidates a pool's."""
+    sources = draft.sources
+    assert sources is not None and sources.shape == (draft.tree.size,)
+    assert sources[0] == Source.ROOT and (sources[1:] != Source.ROOT).all()
+    if draft.window_start is None:
+        assert draft.window_nodes.size == 0
+    else:
+        assert params.window_size > 0 and draft.window_nodes.size == params.window_size
+        assert (sources[draft.window_start :] == Source.WINDOW).all()
+    if not params.pool_from_prompt:
+        assert Source.PROMPT not in sources
+    if not params.pool_from_output:
+        assert Source.OUTPUT not in sources
 
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 8, 7, 1]
@@ -172,7 +199,7 @@ def test_truncation_to_the_verification_branch_still_accepts():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    width=st.integers(1, 5),
+    width=st.integers(0, 5),
     ngram=st.integers(2, 5),
     guess=st.integers(0, 4),
     shift=st.sampled_from(["one", "accepted"]),
@@ -191,7 +218,7 @@ def test_lossless_for_any_parameters_and_truncation(
     params = LookaheadConfig(
         window_size=width,
         ngram_size=ngram,
-        guess_set_size=guess,
+        guess_set_size=guess if width else max(guess, 1),  # W = G = 0 is refused
         window_shift=shift,
         merge_candidates=merge,
         pool_from_prompt=from_prompt,
@@ -208,11 +235,14 @@ def test_lossless_for_any_parameters_and_truncation(
     output, lookahead, run = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix)
     assert output == greedy_reference(oracle, prompt, 25)
     assert lookahead.pool.num_keys <= 3
-    assert lookahead.window.filled <= ngram - 1
+    assert lookahead.window is None or lookahead.window.filled <= ngram - 1
+    if not width:
+        assert Source.WINDOW not in run.sources
 
 
 def test_propose_puts_candidates_first_then_the_window():
-    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
+    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False,
+                             merge_candidates=False)
     lookahead = RequestLookahead(params, [9, 9], seed=0)
     lookahead.pool.add((5, 1, 2))
     lookahead.pool.add((5, 1, 3))
@@ -251,7 +281,8 @@ def test_request_without_candidates_still_gets_the_window():
 
 
 def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
-    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False, max_lead_tokens=0)
+    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False, max_lead_tokens=0,
+                             merge_candidates=False)
     assert params.max_draft_tokens == (3 * 3 - 1) + 2 * 3
     assert LookaheadConfig(max_lead_tokens=0).max_draft_tokens == (7 * 4 - 1) + 7 * 4
     assert LookaheadConfig().max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32  # the lead may grow to 32
@@ -360,7 +391,7 @@ def test_observe_validates_its_inputs():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    w=st.integers(1, 5),
+    w=st.integers(0, 5),
     n=st.integers(2, 5),
     g=st.integers(0, 4),
     context=st.integers(1, 4),
@@ -370,7 +401,8 @@ def test_observe_validates_its_inputs():
 )
 def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed, lead):
     params = LookaheadConfig(
-        window_size=w, ngram_size=n, guess_set_size=g, lookup_context=context, max_lead_tokens=lead
+        window_size=w, ngram_size=n, guess_set_size=g if w else max(g, 1), lookup_context=context,
+        max_lead_tokens=lead,
     )
     oracle = table_oracle(vocab=7, seed=seed)
     prompt = [seed % 7, 1, 2, 3]

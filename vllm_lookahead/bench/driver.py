@@ -27,7 +27,9 @@ scheduler, runner, output processing), so what is neither forward nor sampling
 added as soon as one finishes), greedy or sampled at a temperature (request ``i``
 seeded ``seed + i``), and records per request the time to the first token and the
 generated token ids; counters come from vLLM's own metrics
-(``vllm:generation_tokens``, ``vllm:spec_decode_*``), read before and after.
+(``vllm:generation_tokens``, ``vllm:spec_decode_*``) and, for lookahead, from the
+runner's own counters in this process (``lookahead_*``: accepted tokens by source,
+steps with the window, :mod:`vllm_lookahead.engine.stats`), read before and after.
 """
 
 from __future__ import annotations
@@ -154,7 +156,11 @@ class BenchEngine:
         return self.llm.get_tokenizer()
 
     def metrics(self) -> dict[str, float]:
-        return engine_metrics(self.llm)
+        """vLLM's metrics, plus lookahead's counters when its runner lives in this process."""
+        from vllm_lookahead.engine.stats import live_stats
+
+        stats = live_stats()
+        return {**engine_metrics(self.llm), **(stats.snapshot() if stats is not None else {})}
 
     def run(
         self,

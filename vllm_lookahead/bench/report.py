@@ -29,7 +29,13 @@ Sampled category workloads (``--temperatures``) and category workloads with seve
 requests in flight (``--category-concurrency``) also get a summary per (requests in
 flight, temperature): MAT and speedup of every method per category, side by side.
 
-A second table, **where a step's time goes**, splits the wall time of an engine
+For lookahead methods, **where the accepted tokens came from** (the runner's own
+counters, :mod:`vllm_lookahead.engine.stats`): per tree step, draft tokens, how
+often the Jacobi window ran and how many nodes it added, and accepted tokens per
+source -- n-grams of the prompt, of the output, or ones only the window produced
+(:mod:`vllm_lookahead.core.source`).
+
+A last table, **where a step's time goes**, splits the wall time of an engine
 step (``engine.step()``) into the runner's ``execute_model`` (input preparation +
 model forward), ``sample_tokens`` (verification, drafting, output bookkeeping)
 and the rest (scheduler, output processing), and gives the forward's time at
@@ -222,6 +228,7 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         lines += ["## Concurrency sweep (ShareGPT prompts, closed loop)", ""]
         lines += _table(sorted(conc, key=lambda r: (r.concurrency, _method_order(raw, r.method))), "concurrency")
         lines.append("")
+    lines += source_table(raw)
     lines += step_breakdown(raw)
     for p in plots:
         lines += [f"![{Path(p).stem}]({Path(p).name})", ""]
@@ -252,6 +259,49 @@ def summary_tables(raw: dict[str, Any], cat: list[Row], variants: list[tuple[int
             lines.append(f"| {category} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
+
+
+SOURCES = ("prompt", "output", "window")
+
+
+def source_table(raw: dict[str, Any]) -> list[str]:
+    """Markdown: per lookahead method and workload, what the trees held and where accepted tokens came from."""
+    lines = [
+        "## Where lookahead's accepted tokens came from",
+        "",
+        "Per tree step (a forward that carried a lookahead draft): `MAT` = 1 + accepted drafts per step; "
+        "`draft` = draft tokens; `window` = share of steps whose tree held the Jacobi window and its nodes "
+        "per such step; then accepted tokens per step from n-grams of the prompt, of the output, and "
+        "ones only the window produced (share of all accepted in parentheses).",
+        "",
+        "| method | workload | tree steps | MAT | draft | window on | window nodes | from prompt | from output "
+        "| from window |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    header_len = len(lines)
+    order = {w["name"]: i for i, w in enumerate(raw["workloads"])}
+    for m in raw["methods"]:
+        if m.get("skip_reason"):
+            continue
+        for name in sorted(m["runs"], key=lambda n: order.get(n, 99)):
+            runs = m["runs"][name]
+            steps = _sum(runs, "counters", "lookahead_steps")
+            if not steps:
+                continue
+            accepted = _sum(runs, "counters", "lookahead_accepted_tokens")
+            window_steps = _sum(runs, "counters", "lookahead_window_steps")
+            window_nodes = _sum(runs, "counters", "lookahead_window_tokens")
+            cells = []
+            for source in SOURCES:
+                n = _sum(runs, "counters", f"lookahead_accepted_{source}")
+                cells.append(f"{n / steps:.2f} ({_fmt(100 * n / accepted if accepted else math.nan, '.0f')}%)")
+            lines.append(
+                f"| {m['method']} | {name} | {int(steps)} | {1 + accepted / steps:.2f} | "
+                f"{_sum(runs, 'counters', 'lookahead_draft_tokens') / steps:.1f} | {100 * window_steps / steps:.0f}% | "
+                f"{_fmt(window_nodes / window_steps if window_steps else math.nan, '.1f')} | " + " | ".join(cells) + " |"
+            )
+    lines.append("")
+    return lines if len(lines) > header_len + 1 else []
 
 
 def _forward_shapes(runs: list[dict]) -> dict[int, list[float]]:

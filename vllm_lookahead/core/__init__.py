@@ -11,6 +11,7 @@ from .draft_length import DraftLength
 from .pool import NgramPool
 from .request import RequestLookahead, StepDraft
 from .sampling import tree_speculative_sample
+from .source import SOURCE_NAMES, Source, count_by_source
 from .tree import DraftTree, TreeBuilder
 from .verify import greedy_verify
 from .window import JacobiWindow
@@ -21,8 +22,11 @@ __all__ = [
     "JacobiWindow",
     "NgramPool",
     "RequestLookahead",
+    "SOURCE_NAMES",
+    "Source",
     "StepDraft",
     "TreeBuilder",
+    "count_by_source",
     "greedy_verify",
     "tree_speculative_sample",
 ]

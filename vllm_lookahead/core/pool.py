@@ -14,7 +14,9 @@ first when the tree budget only has room for a few.
 
 Both levels are LRU: per key the most recently (re-)added continuation wins,
 and the key table itself is bounded by ``max_keys`` so memory stays constant on
-long generations.  Every operation is O(1) (amortised) -- ``add_sequence``
+long generations.  Every stored continuation keeps the :class:`~.source.Source`
+that produced it (the text, or the Jacobi window), for attributing accepted
+tokens; an n-gram re-added by a text source takes that source.  Every operation is O(1) (amortised) -- ``add_sequence``
 costs O(number of new n-grams), so incremental learning never rescans history.
 """
 
@@ -24,6 +26,8 @@ from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
+
+from .source import Source
 
 
 class NgramPool:
@@ -40,14 +44,18 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], None]] = OrderedDict()
+        # key -> continuation -> Source (int), least recent first
+        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], int]] = OrderedDict()
         self._count = 0
 
     def _key(self, tokens: Sequence[int]) -> object:
         return int(tokens[0]) if self.context == 1 else tuple(int(t) for t in tokens)
 
-    def add(self, ngram: Sequence[int]) -> None:
-        """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value."""
+    def add(self, ngram: Sequence[int], source: Source = Source.OUTPUT) -> None:
+        """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value.
+
+        ``source``: what produced it; a stored value keeps the lowest (textual) source seen.
+        """
         if len(ngram) != self.span:
             raise ValueError(f"n-gram of length {len(ngram)}, expected {self.span}")
         if self.guess_set_size == 0:
@@ -65,25 +73,30 @@ class NgramPool:
         else:
             self._table.move_to_end(key)
         if value in values:
+            values[value] = min(values[value], int(source))
             values.move_to_end(value)
             return
-        values[value] = None
+        values[value] = int(source)
         self._count += 1
         if len(values) > self.guess_set_size:
             values.popitem(last=False)
             self._count -= 1
 
-    def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
+    def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``."""
         n = self.span
         for p in range(max(0, start - n + 1), len(tokens) - n + 1):
-            self.add(tokens[p : p + n])
+            self.add(tokens[p : p + n], source)
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
 
         ``key``: a token (``context=1``) or the last ``context`` tokens.
         """
+        return [value for value, _ in self.get_sourced(key, limit)]
+
+    def get_sourced(self, key: int | Sequence[int], limit: int) -> list[tuple[tuple[int, ...], Source]]:
+        """:meth:`get` with each continuation's :class:`~.source.Source`."""
         if limit <= 0:
             return []
         if self.context == 1:
@@ -96,11 +109,11 @@ class NgramPool:
         if values is None:
             return []
         self._table.move_to_end(k)
-        result: list[tuple[int, ...]] = []
-        for value in reversed(values):
+        result: list[tuple[tuple[int, ...], Source]] = []
+        for value, source in reversed(values.items()):
             if len(result) >= limit:
                 break
-            result.append(value)
+            result.append((value, Source(source)))
         return result
 
     def __len__(self) -> int:

@@ -36,6 +36,7 @@ import numpy as np
 
 from .draft_length import DraftLength
 from .pool import NgramPool
+from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
 
@@ -49,6 +50,8 @@ class StepDraft:
     window_nodes: np.ndarray  # (W,) output node ids of the window; (0,) if left out this step
     num_candidates: int  # pool n-grams put in the verification branch
     lead_tokens: int = 0  # draft tokens of the first candidate (extended past N - 1 when it may grow)
+    sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
+    window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
 
 
 class RequestLookahead:
@@ -62,13 +65,14 @@ class RequestLookahead:
     ) -> None:
         self.params = params
         self.rng = np.random.default_rng(seed)
+        # W = 0: no lookahead branch (the verification branch alone, from the text pools).
         self.window = JacobiWindow(
             params.window_size,
             params.ngram_size,
             prompt_token_ids,
             self.rng,
             shift=params.window_shift,
-        )
+        ) if params.window_size else None
         self.pool = NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys)
         # Text pools keyed by the last k = lookup_context..2 tokens (longest first).
         self.context_pools = [
@@ -77,7 +81,7 @@ class RequestLookahead:
         ]
         if params.pool_from_prompt:
             for pool in self._text_pools():
-                pool.add_sequence(prompt_token_ids)
+                pool.add_sequence(prompt_token_ids, source=Source.PROMPT)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
 
@@ -87,19 +91,27 @@ class RequestLookahead:
     @property
     def window_tokens(self) -> int:
         """Tree nodes the window adds this step (root excluded)."""
-        return self.params.window_size * self.window.filled - 1
+        return self.params.window_size * self.window.filled - 1 if self.window is not None else 0
 
     def candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[int, ...]]:
         """Up to ``limit`` (default ``G``) distinct continuations for ``recent`` (ends with the root),
         longest context first."""
+        return [c for c, _ in self.sourced_candidates(recent, limit)]
+
+    def sourced_candidates(
+        self, recent: Sequence[int], limit: int | None = None
+    ) -> list[tuple[tuple[int, ...], Source]]:
+        """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
         limit = self.params.guess_set_size if limit is None else limit
-        out: list[tuple[int, ...]] = []
+        out: list[tuple[tuple[int, ...], Source]] = []
+        seen: set[tuple[int, ...]] = set()
         for pool in self._text_pools():
             if len(out) >= limit:
                 break
-            for c in pool.get(recent, limit):
-                if c not in out:
-                    out.append(c)
+            for c, source in pool.get_sourced(recent, limit):
+                if c not in seen:
+                    seen.add(c)
+                    out.append((c, source))
                     if len(out) >= limit:
                         break
         return out
@@ -112,14 +124,23 @@ class RequestLookahead:
         ``length`` tokens or the pools have nothing: at most ``length / (N - 1)``
         lookups, independent of pool size and sequence length.
         """
+        return self._grow_lead(first, Source.OUTPUT, recent, length)[0]
+
+    def _grow_lead(
+        self, first: tuple[int, ...], source: Source, recent: Sequence[int], length: int
+    ) -> tuple[tuple[int, ...], list[int]]:
+        """:meth:`lead_candidate` and the source of each of its tokens."""
         draft = list(first[:length])
+        sources = [int(source)] * len(draft)
         while len(draft) < length:
             tail = [*recent, *draft][-self.params.lookup_context :]
-            more = self.candidates(tail, 1)  # the most likely continuation
+            more = self.sourced_candidates(tail, 1)  # the most likely continuation
             if not more:
                 break
-            draft.extend(more[0][: length - len(draft)])
-        return tuple(draft)
+            piece = more[0][0][: length - len(draft)]
+            draft.extend(piece)
+            sources.extend([int(more[0][1])] * len(piece))
+        return tuple(draft), sources
 
     def propose(
         self,
@@ -152,23 +173,29 @@ class RequestLookahead:
         room = budget if budget is not None else 1 << 30
         merge = params.merge_candidates if merge is None else merge
         used = lead = 0
-        for continuation in self.candidates(recent):
+        for continuation, source in self.sourced_candidates(recent):
             if max_candidates is not None and used >= max_candidates:
                 break
+            sources: int | list[int] = int(source)
             if used == 0:
-                continuation = self.lead_candidate(continuation, recent, min(room, self.lead_length.current))
+                continuation, sources = self._grow_lead(continuation, source, recent, min(room, self.lead_length.current))
                 lead = len(continuation)
                 if not continuation:
                     break
             elif builder.size - 1 + len(continuation) > room:
                 break  # keep the order: a later (less likely) candidate never jumps the queue
-            builder.add_chain(0, continuation, needs_logits=True, merge=merge)
+            builder.add_chain(0, continuation, needs_logits=True, merge=merge, sources=sources)
             used += 1
-        if window and builder.size - 1 + self.window_tokens <= room:
+        window_start = None
+        if window and self.window is not None and builder.size - 1 + self.window_tokens <= room:
+            window_start = builder.size  # the lookahead branch: every node from here on
             window_nodes = self.window.add_to_tree(builder, root=0)
         else:
             window_nodes = np.zeros(0, dtype=np.int64)
-        return StepDraft(tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=lead)
+        return StepDraft(
+            tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=lead,
+            sources=builder.sources, window_start=window_start,
+        )
 
     def observe(
         self,
@@ -196,12 +223,12 @@ class RequestLookahead:
         tail, start = self._tail(num_new, history)
 
         window_nodes = draft.window_nodes
-        if window_nodes.size:
+        if window_nodes.size and self.window is not None:
             was_run = window_nodes < num_nodes_run
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]
             for ngram in self.window.update(outputs, num_new - 1, tail):
-                self.pool.add(ngram)
+                self.pool.add(ngram, Source.WINDOW)
         if self.params.pool_from_output:
             for pool in self._text_pools():
                 pool.add_sequence(tail, start=start)
@@ -215,7 +242,8 @@ class RequestLookahead:
 
     def reset(self, prompt_token_ids: Sequence[int]) -> None:
         """After preemption: re-initialise the window, keep the pool."""
-        self.window.reset(prompt_token_ids)
+        if self.window is not None:
+            self.window.reset(prompt_token_ids)
 
     def learn(self, accepted_tokens: Sequence[int], history: Sequence[int]) -> None:
         """A step that carried no tree (first decode, fallback): the pool still learns."""

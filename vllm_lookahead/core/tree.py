@@ -125,6 +125,7 @@ class TreeBuilder:
         self._parents: list[int] = [-1]
         self._depths: list[int] = [0]
         self._logits: list[bool] = [True]
+        self._sources: list[int] = [0]  # Source per node (0 = the root)
         # (parent, token) -> first child with that token, for trie merging.
         self._child_by_token: dict[tuple[int, int], int] = {}
 
@@ -132,8 +133,8 @@ class TreeBuilder:
     def size(self) -> int:
         return len(self._tokens)
 
-    def add(self, parent: int, token: int, needs_logits: bool) -> int:
-        """Append a node under ``parent`` and return its id."""
+    def add(self, parent: int, token: int, needs_logits: bool, source: int = 0) -> int:
+        """Append a node under ``parent`` and return its id (``source``: a :class:`~.source.Source`)."""
         if not 0 <= parent < len(self._tokens):
             raise ValueError(f"parent {parent} does not exist")
         node = len(self._tokens)
@@ -142,6 +143,7 @@ class TreeBuilder:
         self._parents.append(parent)
         self._depths.append(self._depths[parent] + 1)
         self._logits.append(bool(needs_logits))
+        self._sources.append(int(source))
         self._child_by_token.setdefault((parent, token), node)
         return node
 
@@ -151,23 +153,33 @@ class TreeBuilder:
         tokens: Sequence[int],
         needs_logits: bool,
         merge: bool = False,
+        sources: int | Sequence[int] = 0,
     ) -> list[int]:
         """Append ``tokens`` as a chain below ``parent``; return the node ids.
 
         With ``merge=True`` an existing child of the current node carrying the
-        same token is reused (trie merge) and ``needs_logits`` is OR-ed into it.
+        same token is reused (trie merge) and ``needs_logits`` is OR-ed into it;
+        it keeps its source.  ``sources``: one per token, or one for all.
         """
         node_ids: list[int] = []
         current = parent
-        for token in tokens:
+        per_token = [sources] * len(tokens) if isinstance(sources, int) else list(sources)
+        if len(per_token) != len(tokens):
+            raise ValueError(f"{len(per_token)} sources for {len(tokens)} tokens")
+        for token, source in zip(tokens, per_token):
             existing = self._child_by_token.get((current, int(token))) if merge else None
             if existing is not None:
                 self._logits[existing] = self._logits[existing] or bool(needs_logits)
                 current = existing
             else:
-                current = self.add(current, token, needs_logits)
+                current = self.add(current, token, needs_logits, source)
             node_ids.append(current)
         return node_ids
+
+    @property
+    def sources(self) -> np.ndarray:
+        """int8 (size,): each node's :class:`~.source.Source` so far."""
+        return np.asarray(self._sources, dtype=np.int8)
 
     def build(self) -> DraftTree:
         return DraftTree(

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .source import Source
 from .tree import TreeBuilder
 
 
@@ -85,12 +86,12 @@ class JacobiWindow:
         previous_level[0] = root
         level0 = self.levels[0]
         for i in range(1, width):
-            previous_level[i] = builder.add(int(previous_level[i - 1]), int(level0[i]), last == 0)
+            previous_level[i] = builder.add(int(previous_level[i - 1]), int(level0[i]), last == 0, Source.WINDOW)
         for j in range(1, self.filled):
             level = self.levels[j]
             current_level = np.empty(width, dtype=np.int64)
             for i in range(width):
-                current_level[i] = builder.add(int(previous_level[i]), int(level[i]), j == last)
+                current_level[i] = builder.add(int(previous_level[i]), int(level[i]), j == last, Source.WINDOW)
             previous_level = current_level
         return previous_level
 

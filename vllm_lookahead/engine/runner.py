@@ -211,7 +211,7 @@ class RunnerLookahead:
         runner.input_batch.update_async_output_token_ids()
         output, outcomes = verify_step(runner, logits, batch)
         for req_id, outcome in outcomes.items():
-            self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted)
+            self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path)
             if outcome.draft is not None:
                 self.outcomes[req_id] = outcome
         self.stats.verify_seconds += time.perf_counter() - t0

@@ -4,7 +4,12 @@ vLLM's scheduler already turns every step's (drafted, accepted) pair into the
 ``vllm:spec_decode_*`` Prometheus counters (drafted = tree size, accepted =
 verified path length), because the runner patches return accepted tokens the
 way vLLM's rejection sampler would.  These counters add what only the plugin
-knows: how the draft tree was made up and how long verification took.
+knows: how the draft tree was made up (candidates, whether the Jacobi window ran),
+where the accepted tokens came from (:mod:`vllm_lookahead.core.source`: prompt,
+output or window n-grams) and how long proposing and verification took.
+
+:func:`live_stats` finds the counters of this process's runner; the benchmark,
+whose engine runs in-process, reads them around each run (:meth:`LookaheadStats.snapshot`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from vllm_lookahead.core.source import SOURCE_NAMES, count_by_source
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -22,6 +31,9 @@ class LookaheadStats:
     draft_tokens: int = 0        # tree nodes sent (root excluded)
     candidate_ngrams: int = 0    # pool n-grams put in the verification branch
     accepted_tokens: int = 0     # accepted draft tokens (bonus excluded)
+    window_steps: int = 0        # verified trees that carried the lookahead branch (Jacobi window)
+    window_tokens: int = 0       # draft nodes of those lookahead branches
+    accepted_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
     verify_seconds: float = 0.0  # plugin CPU time in verification + KV compaction
     propose_seconds: float = 0.0
     log_interval_s: float = 30.0
@@ -30,28 +42,68 @@ class LookaheadStats:
     def on_propose(self, draft) -> None:
         self.candidate_ngrams += int(draft.num_candidates)
 
-    def on_verified(self, num_drafts: int, num_accepted: int) -> None:
+    def on_verified(self, num_drafts: int, num_accepted: int, draft=None, path: np.ndarray | None = None) -> None:
+        """One tree verified: ``num_drafts`` nodes run (root excluded), ``num_accepted`` accepted.
+        ``draft`` (a :class:`~vllm_lookahead.core.StepDraft`) and ``path`` (accepted node ids)
+        attribute the accepted tokens to their sources."""
         self.steps += 1
         self.draft_tokens += num_drafts
         self.accepted_tokens += num_accepted
+        if draft is None:
+            return
+        start = draft.window_start
+        if start is not None and start <= num_drafts:  # nodes 0..num_drafts ran
+            self.window_steps += 1
+            self.window_tokens += num_drafts + 1 - start
+        if path is not None and draft.sources is not None and len(path):
+            for name, n in count_by_source(draft.sources, path).items():
+                self.accepted_by_source[name] += n
 
     @property
     def mean_accepted_per_step(self) -> float:
         """Tokens produced per tree-carrying forward: accepted drafts + 1 bonus."""
         return 1.0 + self.accepted_tokens / self.steps if self.steps else 0.0
 
+    def snapshot(self) -> dict[str, float]:
+        """Flat counters (``lookahead_<name>``); differences of two snapshots are a run's."""
+        out = {
+            "lookahead_steps": float(self.steps),
+            "lookahead_draft_tokens": float(self.draft_tokens),
+            "lookahead_candidates": float(self.candidate_ngrams),
+            "lookahead_accepted_tokens": float(self.accepted_tokens),
+            "lookahead_window_steps": float(self.window_steps),
+            "lookahead_window_tokens": float(self.window_tokens),
+            "lookahead_propose_s": self.propose_seconds,
+            "lookahead_verify_s": self.verify_seconds,
+        }
+        for name, n in self.accepted_by_source.items():
+            out[f"lookahead_accepted_{name}"] = float(n)
+        return out
+
     def maybe_log(self) -> None:
         now = time.monotonic()
         if now - self._last_log < self.log_interval_s or not self.steps:
             return
         self._last_log = now
+        accepted = max(1, self.accepted_tokens)
         logger.info(
             "lookahead: %d tree steps, %.2f tokens/step, %.1f draft tokens/step, "
-            "%.1f candidates/step, verify %.2f ms/step, propose %.2f ms/step",
+            "%.1f candidates/step, window on %.0f%% of steps, accepted from prompt/output/window "
+            "%s, verify %.2f ms/step, propose %.2f ms/step",
             self.steps,
             self.mean_accepted_per_step,
             self.draft_tokens / self.steps,
             self.candidate_ngrams / self.steps,
+            100.0 * self.window_steps / self.steps,
+            "/".join(f"{100.0 * self.accepted_by_source[n] / accepted:.0f}%" for n in SOURCE_NAMES),
             1e3 * self.verify_seconds / self.steps,
             1e3 * self.propose_seconds / self.steps,
         )
+
+
+def live_stats() -> LookaheadStats | None:
+    """The counters of this process's lookahead runner (None before the first step, or without lookahead)."""
+    from vllm_lookahead.engine import runner
+
+    owner = runner._CURRENT
+    return owner.stats if owner is not None else None
