@@ -25,7 +25,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         "--categories", "code", "--prompts-per-category", "3", "--concurrency", "1", "4",
         "--min-sweep-requests", "4", "--requests-per-slot", "1",
         "--max-tokens", "24", "--sweep-max-tokens", "16", "--repeats", "2", "--max-model-len", "512", "--max-prompt-tokens", "400",
-        "--out", str(out),
+        "--ignore-eos", "--out", str(out),
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -38,8 +38,9 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         "no-spec", "ngram k=4 lookup 2..4", "lookahead W3 N3 G3",
     ]
     ref_runs = raw["methods"][0]["runs"]
-    assert max(len(o) for r in ref_runs["code"] for o in r["outputs"]) == 24
-    assert max(len(o) for r in ref_runs["sharegpt@c4"] for o in r["outputs"]) == 16  # --sweep-max-tokens
+    # --ignore-eos: every request generates max_tokens (--sweep-max-tokens for the sweep)
+    assert {len(o) for m in raw["methods"] for r in m["runs"]["code"] for o in r["outputs"]} == {24}
+    assert {len(o) for m in raw["methods"] for r in m["runs"]["sharegpt@c4"] for o in r["outputs"]} == {16}
     rows = list(csv.DictReader((out / "results.csv").open()))
     by = {(r["method"], r["workload"]): r for r in rows}
     assert set(w for _, w in by) == {"code", "sharegpt@c1", "sharegpt@c4"}
@@ -60,12 +61,16 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert [name[:4] for name in logs] == ["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"]
     md = (out / "results.md").read_text()
     assert "## Where a step's time goes" in md and "forward @ 1" in md
+    assert "ignore_eos: every request generates max_tokens" in md
     # lookahead's own counters (read in-process from its runner): every accepted token has a source
     for run in raw["methods"][2]["runs"]["code"]:
         c = run["counters"]
         assert c["lookahead_steps"] > 0 and c["lookahead_accepted_tokens"] > 0
         by_source = sum(c[f"lookahead_accepted_{s}"] for s in ("prompt", "output", "window"))
         assert by_source == c["lookahead_accepted_tokens"]
+        # the same steps and tokens vLLM's scheduler counted (its spec-decode counters)
+        assert c["lookahead_accepted_tokens"] == c["vllm:spec_decode_num_accepted_tokens"]
+        assert c["lookahead_steps"] == c["vllm:spec_decode_num_drafts"]
     assert not any(k.startswith("lookahead_") for r in raw["methods"][1]["runs"]["code"] for k in r["counters"])
     assert "## Where lookahead's accepted tokens came from" in md
 

@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize(
     "spec,field",
-    [('{"method": "lookahead", "window_size": 0}', "window_size"), ('{"method": "lookahead", "ngram": 3}', "ngram")],
+    [('{"method": "lookahead", "window_size": 65}', "window_size"), ('{"method": "lookahead", "ngram": 3}', "ngram")],
 )
 def test_bad_config_exits_nonzero_naming_the_field(spec, field, toy_model):
     proc = subprocess.run(

@@ -72,7 +72,8 @@ def default_jobs(prompts) -> list[tuple]:
 
 # Full trees (no per-step cap) exercise every tree shape, with the lead candidate growing
 # while accepted (max_lead_tokens 32; the toy model loops, so leads grow long) except in
-# W1-N3-G4 (candidates of N-1 tokens, the paper's); the last config has a cap
+# W1-N3-G4 (candidates of N-1 tokens, the paper's); candidates sharing a prefix are trie-merged
+# (the default) except in W3-N4-G5; W0 drafts candidates without the window; the last config has a cap
 # of 14 tokens per step: with 8 requests decoding nothing may be drafted (the proposer
 # skips those requests' learning and catches up later), with 3 or fewer the batch
 # drafts context-ranked candidates, and batch 1 runs three candidates per step.
@@ -82,7 +83,8 @@ CONFIGS = [
     pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3, **FULL}, id="W5-N2-G3-jacobi"),
     pytest.param({"window_size": 4, "ngram_size": 4, "guess_set_size": 0, **FULL}, id="W4-N4-G0-no-pool"),
     pytest.param({"window_size": 1, "ngram_size": 3, "guess_set_size": 4, "max_lead_tokens": 0, **FULL}, id="W1-N3-G4-lead-paper"),
-    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": True, **FULL}, id="W3-N4-G5-shift-merge"),
+    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": False, **FULL}, id="W3-N4-G5-shift-nomerge"),
+    pytest.param({"window_size": 0, "ngram_size": 4, "guess_set_size": 5, **FULL}, id="W0-N4-G5-no-window"),
     pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 3, "lookup_context": 3, "max_tokens_per_step": 14}, id="W3-N4-G3-ctx3-capped"),
 ]
 

@@ -94,7 +94,7 @@ def test_method_specs():
     with pytest.raises(ValueError, match="JSON object"):
         parse_method("ngram:[1]")
     with pytest.raises(Exception, match="window_size"):
-        parse_method('lookahead:{"window_size": 0}')
+        parse_method('lookahead:{"window_size": 65}')
 
 
 def test_bench_cli_rejects_a_bad_method_before_starting_anything(capsys):

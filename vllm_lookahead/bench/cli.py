@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
                    help="temperatures of the category workloads (default: %(default)s = greedy); each gets its "
                    "own prompts; sampled requests are seeded")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every request generates --max-tokens tokens (vLLM's ignore_eos): sampled workloads "
+                   "with several requests in flight then compare equal work")
     p.add_argument("--category-concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight for the category workloads (default: %(default)s)")
     p.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16, 32],
@@ -130,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         engine_overrides=_engine_overrides(args.engine_arg),
         temperatures=args.temperatures,
         category_concurrency=sorted(set(args.category_concurrency)),
+        ignore_eos=args.ignore_eos,
     )
 
     def progress(total: int):

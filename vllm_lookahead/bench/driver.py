@@ -170,6 +170,7 @@ class BenchEngine:
         on_finish: Callable[[], None] | None = None,
         temperature: float = 0.0,
         seed: int = 0,
+        ignore_eos: bool = False,
     ) -> RunResult:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -178,8 +179,8 @@ class BenchEngine:
 
         def params_for(i: int) -> SamplingParams:
             if not temperature:
-                return SamplingParams(temperature=0.0, max_tokens=max_tokens)
-            return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i)
+                return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
+            return SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i, ignore_eos=ignore_eos)
 
         n = len(prompts)
         added = [0.0] * n

@@ -199,7 +199,8 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
         f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
-        f"Model: `{plan['model']}`; {_temperatures(plan)}; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}; {plan['repeats']} repeats, "
+        f"Model: `{plan['model']}`; {_temperatures(plan)}; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}"
+        f"{' (ignore_eos: every request generates max_tokens)' if plan.get('ignore_eos') else ''}; {plan['repeats']} repeats, "
         "each on its own prompts (no prompt is seen twice by an engine); "
         f"same engine settings for every method (max_model_len {plan['max_model_len']}, "
         f"eager={plan['enforce_eager']}, prefix caching off, max_num_seqs = max concurrency).",

@@ -12,7 +12,11 @@ temperature:
 
 Sampled workloads (temperature > 0) give every request its own seed, so a method's
 completions are reproducible; they are not compared with no speculation token by
-token (speculative sampling keeps the distribution, not the realisation).
+token (speculative sampling keeps the distribution, not the realisation).  Their
+completions stop at random lengths, so with several requests in flight a method's
+tokens/s also depends on which requests happened to stop early (the workload's wall
+time is its longest request's): ``ignore_eos`` makes every request generate
+``max_tokens`` tokens, so every method does the same work.
 
 No prompt is used twice in a run: every workload and every repeat gets its own
 prompts (repeat ``r`` of every method gets the same ones).  Drafters that learn
@@ -82,6 +86,7 @@ class Plan:
     engine_overrides: dict[str, Any] = field(default_factory=dict)
     temperatures: list[float] = field(default_factory=lambda: [0.0])  # category workloads, each its own prompts
     category_concurrency: list[int] = field(default_factory=lambda: [1])  # requests in flight per category
+    ignore_eos: bool = False  # every request generates max_tokens (equal work for sampled workloads)
 
     def workload_max_tokens(self, kind: str) -> int:
         if kind == "concurrency" and self.sweep_max_tokens is not None:
@@ -238,7 +243,7 @@ def run_plan(
                 "workloads": [
                     {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "repeats": [w.token_ids[rnd]],
                      "max_tokens": plan.workload_max_tokens(w.kind), "temperature": w.temperature,
-                     "seed": 1_000_003 * rnd}
+                     "seed": 1_000_003 * rnd, "ignore_eos": plan.ignore_eos}
                     for w in workloads
                 ],
             }

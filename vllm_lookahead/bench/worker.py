@@ -37,7 +37,7 @@ def run_job(job: dict) -> dict:
             for prompts in w["repeats"]:
                 run = engine.run(prompts, int(w["concurrency"]), int(w["max_tokens"]),
                                  on_finish=lambda: _say("@@done"), temperature=float(w.get("temperature", 0.0)),
-                                 seed=int(w.get("seed", 0)))
+                                 seed=int(w.get("seed", 0)), ignore_eos=bool(w.get("ignore_eos", False)))
                 runs.setdefault(w["name"], []).append(asdict(run))
     finally:
         engine.close()
