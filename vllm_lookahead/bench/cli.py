@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no engine: replay the no-spec outputs of an earlier results.json through the "
                    "ngram and lookahead --methods (lookahead: candidates only, no window) and print the "
                    "MAT each would reach (bench/replay.py)")
+    p.add_argument("--project", metavar="RESULTS_JSON", default=None,
+                   help="no engine: project the batch-1 MAT and draft sizes of an earlier results.json onto "
+                   "A100/H100 with a 7B bf16 model under a roofline cost model (a model, not a measurement; "
+                   "bench/projection.py)")
     p.add_argument("--replay-budget", type=int, default=None,
                    help="draft tokens per step for replayed lookahead (default: what CPU 'auto' gives "
                    "one request at batch 1; -1 = no limit)")
@@ -93,6 +97,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
             return 2
         print(replay_markdown(results))
+        return 0
+    if args.project:
+        from vllm_lookahead.bench.projection import project
+
+        print(project(Path(args.project)))
         return 0
     if args.report_only:
         raw = json.loads(Path(args.report_only).read_text())
