@@ -103,7 +103,8 @@ def test_cpu_auto_drafts_one_growing_chain_and_no_tree():
         nxt = cycle.index(history[-1]) + 1
         new = [cycle[(nxt + k) % 10] for k in range(len(draft) + 1)]
         assert new[:-1] == draft  # all accepted, plus the bonus token
-        p.owner.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1), len(draft))
+        p.owner.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1),
+                                              np.arange(1, len(draft) + 1))  # the whole chain
         history = history + new
     assert lengths == [2, 4, 8, 16]
 

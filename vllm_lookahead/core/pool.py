@@ -95,8 +95,8 @@ class NgramPool:
         """
         return [value for value, _ in self.get_sourced(key, limit)]
 
-    def get_sourced(self, key: int | Sequence[int], limit: int) -> list[tuple[tuple[int, ...], Source]]:
-        """:meth:`get` with each continuation's :class:`~.source.Source`."""
+    def get_sourced(self, key: int | Sequence[int], limit: int) -> list[tuple[tuple[int, ...], int]]:
+        """:meth:`get` with each continuation's :class:`~.source.Source` (as stored: an int)."""
         if limit <= 0:
             return []
         if self.context == 1:
@@ -109,11 +109,11 @@ class NgramPool:
         if values is None:
             return []
         self._table.move_to_end(k)
-        result: list[tuple[tuple[int, ...], Source]] = []
+        result: list[tuple[tuple[int, ...], int]] = []
         for value, source in reversed(values.items()):
             if len(result) >= limit:
                 break
-            result.append((value, Source(source)))
+            result.append((value, source))
         return result
 
     def __len__(self) -> int:

@@ -100,10 +100,10 @@ class RequestLookahead:
 
     def sourced_candidates(
         self, recent: Sequence[int], limit: int | None = None
-    ) -> list[tuple[tuple[int, ...], Source]]:
+    ) -> list[tuple[tuple[int, ...], int]]:
         """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
         limit = self.params.guess_set_size if limit is None else limit
-        out: list[tuple[tuple[int, ...], Source]] = []
+        out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
         for pool in self._text_pools():
             if len(out) >= limit:
@@ -127,11 +127,11 @@ class RequestLookahead:
         return self._grow_lead(first, Source.OUTPUT, recent, length)[0]
 
     def _grow_lead(
-        self, first: tuple[int, ...], source: Source, recent: Sequence[int], length: int
+        self, first: tuple[int, ...], source: int, recent: Sequence[int], length: int
     ) -> tuple[tuple[int, ...], list[int]]:
         """:meth:`lead_candidate` and the source of each of its tokens."""
         draft = list(first[:length])
-        sources = [int(source)] * len(draft)
+        sources = [source] * len(draft)
         while len(draft) < length:
             tail = [*recent, *draft][-self.params.lookup_context :]
             more = self.sourced_candidates(tail, 1)  # the most likely continuation
@@ -139,7 +139,7 @@ class RequestLookahead:
                 break
             piece = more[0][0][: length - len(draft)]
             draft.extend(piece)
-            sources.extend([int(more[0][1])] * len(piece))
+            sources.extend([more[0][1]] * len(piece))
         return tuple(draft), sources
 
     def propose(
@@ -176,7 +176,7 @@ class RequestLookahead:
         for continuation, source in self.sourced_candidates(recent):
             if max_candidates is not None and used >= max_candidates:
                 break
-            sources: int | list[int] = int(source)
+            sources: int | list[int] = source
             if used == 0:
                 continuation, sources = self._grow_lead(continuation, source, recent, min(room, self.lead_length.current))
                 lead = len(continuation)

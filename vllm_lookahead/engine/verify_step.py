@@ -53,8 +53,12 @@ class StepOutcome:
     draft: StepDraft | None  # None: draft tokens the plugin did not make (run as a chain)
     num_nodes: int  # nodes actually run (the scheduler may truncate)
     argmax: np.ndarray  # (num_nodes,) target argmax per node, -1 where no logits
-    num_accepted: int  # accepted draft tokens (the bonus token not counted)
-    path: np.ndarray | None = None  # the accepted node ids, depth 1 down
+    path: np.ndarray  # the accepted node ids, depth 1 down
+
+    @property
+    def num_accepted(self) -> int:
+        """Accepted draft tokens (the bonus token not counted)."""
+        return len(self.path)
 
 
 def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[Any, dict[str, StepOutcome]]:
@@ -92,7 +96,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
-        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, len(path), path)
+        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, path)
 
     if src_slots:
         assert batch.slot_mapping is not None and batch.kv is not None
