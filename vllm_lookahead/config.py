@@ -34,12 +34,6 @@ METHOD_NAME = "lookahead"
 # engine and worker process with the VllmConfig) under which the validated config travels.
 ADDITIONAL_CONFIG_KEY = "lookahead"
 
-# What max_tokens_per_step="auto" means per platform (see docs/results.md for the CPU figures).
-# On CPU "auto" also limits each request to one candidate chain (N-1 tokens): a chain runs on
-# vLLM's own causal kernel, while a branching tree pays the tree-attention pass every layer.
-AUTO_TOKENS_PER_STEP = {"cpu": 24, "default": 0}
-AUTO_CHAIN_ONLY = {"cpu": True, "default": False}
-
 
 class LookaheadConfigError(ValueError):
     """A lookahead speculative config that cannot be used (bad value or unknown key)."""
@@ -72,6 +66,12 @@ class LookaheadConfig(BaseModel):
         "per step from 6-14 % fewer draft tokens, docs/results.md; sampled requests always merge)",
     )
     max_pool_keys: int = Field(65536, ge=1, le=10_000_000, description="key tokens kept per pool (LRU)")
+    shared_pool: bool = Field(
+        False,
+        description="also draft from n-grams of other requests' outputs (one bounded LRU pool per "
+        "engine, token ids only, like suffix decoding's cache); off by default: a request's speed "
+        "may then depend on other clients' text (outputs never do)",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the window initialisation RNG")
     lookup_context: int = Field(
         3, ge=1, le=8,
@@ -88,10 +88,11 @@ class LookaheadConfig(BaseModel):
     )
     max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
         "auto",
-        description="cap on the tokens one forward carries for decoding requests (one each plus "
-        "their drafts); drafts are cut to fit, equally per request. 0 = no cap; 'auto' = the "
-        "measured value for the platform (CPU: 24, and one candidate chain per request; "
-        "GPU: no cap)",
+        description="'auto': the cost-aware draft rule chooses each step's lead length, candidates "
+        "and window columns per request from the forward cost measured on the running hardware "
+        "and each request's acceptance (docs/design.md); a number: a fixed cap on the tokens one "
+        "forward carries for decoding requests (one each plus their drafts), drafts cut to fit "
+        "equally per request, full trees when they fit; 0 = full trees, no cap",
     )
 
     @model_validator(mode="after")
@@ -121,30 +122,18 @@ class LookaheadConfig(BaseModel):
         return max(0, self.window_size * levels - 1) + candidates
 
     # -- the per-step token cap (engine side) ---------------------------------------------
-    def tokens_per_step_cap(self, platform: str) -> int:
-        """The cap in effect on ``platform`` ("cpu", "cuda", ...); 0 = none."""
-        if self.max_tokens_per_step == "auto":
-            return AUTO_TOKENS_PER_STEP.get(platform, AUTO_TOKENS_PER_STEP["default"])
-        return int(self.max_tokens_per_step)
+    @property
+    def cost_rule(self) -> bool:
+        """Whether the cost-aware draft rule sizes each step's trees (``max_tokens_per_step: "auto"``)."""
+        return self.max_tokens_per_step == "auto"
 
-    def draft_limit_per_request(self, platform: str) -> int | None:
-        """Draft nodes one request may add per step on ``platform`` (None = only the cap limits)."""
-        if self.chain_only(platform):
-            return self.lead_tokens
-        return None
-
-    def draft_budget(self, platform: str, num_decoding: int) -> int | None:
-        """Draft nodes each of ``num_decoding`` requests may add so the forward stays within the cap."""
-        budget = self.draft_limit_per_request(platform)
-        cap = self.tokens_per_step_cap(platform)
+    def draft_budget(self, num_decoding: int) -> int | None:
+        """Under a fixed cap: draft nodes each of ``num_decoding`` requests may add so the forward
+        stays within it (None = no cap, or the cost rule decides)."""
+        cap = 0 if self.cost_rule else int(self.max_tokens_per_step)
         if cap and num_decoding > 0:
-            share = max(0, (cap - num_decoding) // num_decoding)
-            budget = share if budget is None else min(budget, share)
-        return budget
-
-    def chain_only(self, platform: str) -> bool:
-        """Whether each request drafts one candidate chain and no window on ``platform``."""
-        return self.max_tokens_per_step == "auto" and AUTO_CHAIN_ONLY.get(platform, AUTO_CHAIN_ONLY["default"])
+            return max(0, (cap - num_decoding) // num_decoding)
+        return None
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -178,6 +167,7 @@ class LookaheadConfig(BaseModel):
             f"W={self.window_size} N={self.ngram_size} G={self.guess_set_size} "
             f"(<= {self.max_draft_tokens} draft tokens/step, shift={self.window_shift}, "
             f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output}, "
+            f"shared_pool={self.shared_pool}, "
             f"lookup_context={self.lookup_context}, max_lead_tokens={self.max_lead_tokens}, "
             f"max_tokens_per_step={self.max_tokens_per_step})"
         )

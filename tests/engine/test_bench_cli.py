@@ -16,12 +16,17 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
+# Lookahead as one chain per request within a fixed cap: what replay reproduces exactly.
+LOOKAHEAD = '{"window_size": 0, "ngram_size": 3, "guess_set_size": 1, "max_tokens_per_step": 24}'
+LOOKAHEAD = "lookahead:" + LOOKAHEAD
+LABEL = "lookahead W0 N3 G1 max_tokens_per_step=24"
+
 
 def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     out = tmp_path / "bench"
     cmd = [
         sys.executable, "-m", "vllm_lookahead.cli", "bench", "--model", toy_model,
-        "--methods", "none", "ngram", 'lookahead:{"window_size": 3, "ngram_size": 3, "guess_set_size": 3}',
+        "--methods", "none", "ngram", LOOKAHEAD,
         "--categories", "code", "--prompts-per-category", "3", "--concurrency", "1", "4",
         "--min-sweep-requests", "4", "--requests-per-slot", "1",
         "--max-tokens", "24", "--sweep-max-tokens", "16", "--repeats", "2", "--max-model-len", "512", "--max-prompt-tokens", "400",
@@ -35,7 +40,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
 
     raw = json.loads((out / "results.json").read_text())
     assert [m["method"] for m in raw["methods"]] == [
-        "no-spec", "ngram k=4 lookup 2..4", "lookahead W3 N3 G3",
+        "no-spec", "ngram k=4 lookup 2..4", LABEL,
     ]
     ref_runs = raw["methods"][0]["runs"]
     # --ignore-eos: every request generates max_tokens (--sweep-max-tokens for the sweep)
@@ -48,7 +53,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         # greedy speculation is exact on the toy model: every completion matches no-spec
         assert r["exact"] == r["compared"] and int(r["compared"]) > 0, (method, workload)
         assert float(r["tok_s"]) > 0 and float(r["ttft_ms"]) > 0
-    la = by[("lookahead W3 N3 G3", "code")]
+    la = by[(LABEL, "code")]
     # the toy model loops, so the pool verifies drafts (on CPU "auto" drafts one chain per
     # request, N-1 = 2 tokens at first, growing while accepted in full)
     assert float(la["MAT"]) > 1.2 and float(la["draft_per_step"]) >= 2.0
@@ -66,7 +71,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     for run in raw["methods"][2]["runs"]["code"]:
         c = run["counters"]
         assert c["lookahead_steps"] > 0 and c["lookahead_accepted_tokens"] > 0
-        by_source = sum(c[f"lookahead_accepted_{s}"] for s in ("prompt", "output", "window"))
+        by_source = sum(c[f"lookahead_accepted_{s}"] for s in ("prompt", "output", "shared", "window"))
         assert by_source == c["lookahead_accepted_tokens"]
         # the same steps and tokens vLLM's scheduler counted (its spec-decode counters)
         assert c["lookahead_accepted_tokens"] == c["vllm:spec_decode_num_accepted_tokens"]
@@ -74,20 +79,20 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert not any(k.startswith("lookahead_") for r in raw["methods"][1]["runs"]["code"] for k in r["counters"])
     assert "## Where lookahead's accepted tokens came from" in md
 
-    # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT: on CPU
-    # "auto" drafts one chain per request (the lead candidate), the window never fits.
+    # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT exactly for
+    # chain drafts (the lead candidate within a fixed cap; the window cannot be replayed).
     replay = subprocess.run(
         [sys.executable, "-m", "vllm_lookahead.cli", "bench", "--replay", str(out / "results.json"),
-         "--methods", "ngram", 'lookahead:{"window_size": 3, "ngram_size": 3, "guess_set_size": 3}'],
+         "--methods", "ngram", LOOKAHEAD],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert replay.returncode == 0, replay.stderr[-4000:]
     replayed = {}
     for line in replay.stdout.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 5 and cells[0] == "code":
+        if len(cells) == 6 and cells[0] == "code":
             replayed[cells[1].split(" (")[0]] = float(cells[2])
-    assert set(replayed) == {"ngram k=4 lookup 2..4", "lookahead W3 N3 G3"}
+    assert set(replayed) == {"ngram k=4 lookup 2..4", LABEL}
     for method, mat in replayed.items():
         # batch-1 MAT counts forwards, which replay reproduces (2026-11-22: equal to 2 decimals, real model)
         assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.02, (method, mat, by[(method, "code")]["MAT"])
@@ -101,4 +106,4 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert short.returncode == 0, short.stderr[-4000:]
     code_rows = [line for line in short.stdout.splitlines() if line.startswith("| code |")]
     expected = sum(min(len(o), 10) for r in ref_runs["code"] for o in r["outputs"])
-    assert len(code_rows) == 1 and int(code_rows[0].strip("|").split("|")[-1]) == expected
+    assert len(code_rows) == 1 and int(code_rows[0].strip("|").split("|")[4]) == expected

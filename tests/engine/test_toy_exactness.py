@@ -76,7 +76,8 @@ def default_jobs(prompts) -> list[tuple]:
 # (the default) except in W3-N4-G5; W0 drafts candidates without the window; the last config has a cap
 # of 14 tokens per step: with 8 requests decoding nothing may be drafted (the proposer
 # skips those requests' learning and catches up later), with 3 or fewer the batch
-# drafts context-ranked candidates, and batch 1 runs three candidates per step.
+# drafts context-ranked candidates, and batch 1 runs three candidates per step; the last is the
+# shipped "auto" (the cost-aware draft rule).
 FULL = {"max_tokens_per_step": 0}
 CONFIGS = [
     pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7, **FULL}, id="W7-N5-G7-default"),
@@ -86,6 +87,9 @@ CONFIGS = [
     pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": False, **FULL}, id="W3-N4-G5-shift-nomerge"),
     pytest.param({"window_size": 0, "ngram_size": 4, "guess_set_size": 5, **FULL}, id="W0-N4-G5-no-window"),
     pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 3, "lookup_context": 3, "max_tokens_per_step": 14}, id="W3-N4-G3-ctx3-capped"),
+    # The shipped default: the cost rule sizes every step from the toy model's profiled forward
+    # cost (nearly flat: it drafts leads, candidates and window columns, chains and trees).
+    pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7}, id="W7-N5-G7-auto-rule"),
 ]
 
 

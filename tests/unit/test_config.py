@@ -42,19 +42,14 @@ def test_translate_to_vllm_custom_class():
     assert LookaheadConfig.model_validate(extra["lookahead"]) == cfg
 
 
-def test_step_cap_auto_per_platform_and_explicit():
-    from vllm_lookahead.config import AUTO_TOKENS_PER_STEP
-
+def test_step_cap_auto_is_the_cost_rule_numbers_are_fixed_caps():
     auto = LookaheadConfig.from_user_dict({"method": "lookahead"})
-    assert auto.max_tokens_per_step == "auto"
-    assert auto.tokens_per_step_cap("cpu") == AUTO_TOKENS_PER_STEP["cpu"] > 0
-    assert auto.tokens_per_step_cap("cuda") == 0  # no cap where it has not been measured
-    assert auto.draft_limit_per_request("cpu") == auto.max_lead_tokens  # one candidate chain
-    assert LookaheadConfig.from_user_dict({"max_lead_tokens": 0}).draft_limit_per_request("cpu") == 4
-    assert auto.draft_limit_per_request("cuda") is None
-    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 24}).draft_limit_per_request("cpu") is None
-    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 0}).tokens_per_step_cap("cpu") == 0
-    assert LookaheadConfig.from_user_dict({"max_tokens_per_step": 40}).tokens_per_step_cap("cuda") == 40
+    assert auto.max_tokens_per_step == "auto" and auto.cost_rule
+    assert auto.draft_budget(1) is None and auto.draft_budget(32) is None  # the rule decides, per step
+    full = LookaheadConfig.from_user_dict({"max_tokens_per_step": 0})
+    assert not full.cost_rule and full.draft_budget(8) is None  # full trees, no cap
+    capped = LookaheadConfig.from_user_dict({"max_tokens_per_step": 40})
+    assert [capped.draft_budget(n) for n in (1, 8, 40, 41)] == [39, 4, 0, 0]
     for bad in (-1, 70000, "x", 1.5, True):
         with pytest.raises(LookaheadConfigError, match="max_tokens_per_step"):
             LookaheadConfig.from_user_dict({"max_tokens_per_step": bad})

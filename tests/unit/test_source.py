@@ -35,7 +35,7 @@ def test_candidates_carry_their_pools_source_and_the_window_branch_is_window():
     assert first == {9: Source.OUTPUT, 6: Source.PROMPT}
     assert set(sources[draft.window_start :]) == {Source.WINDOW}
     assert count_by_source(draft.sources, np.arange(1, draft.tree.size)) == {
-        "prompt": 2, "output": 2, "window": draft.tree.size - draft.window_start,
+        "prompt": 2, "output": 2, "shared": 0, "window": draft.tree.size - draft.window_start,
     }
 
 
@@ -91,10 +91,28 @@ def test_stats_count_window_steps_and_accepted_tokens_by_source():
     candidate_nodes = np.arange(1, draft.window_start)
     path = candidate_nodes[:2]  # the first candidate (a prompt n-gram) accepted
     stats.on_verified(draft.tree.size - 1, len(path), draft, path)
-    assert stats.accepted_by_source == {"prompt": 2, "output": 0, "window": 0}
+    assert stats.accepted_by_source == {"prompt": 2, "output": 0, "shared": 0, "window": 0}
     assert stats.window_steps == 1 and stats.window_tokens == draft.tree.size - draft.window_start
     # the scheduler ran only the candidates: the window did not run this step
     stats.on_verified(draft.window_start - 1, 0, draft, path[:0])
     assert stats.window_steps == 1 and stats.steps == 2
     snap = stats.snapshot()
     assert snap["lookahead_accepted_prompt"] == 2 and snap["lookahead_window_steps"] == 1
+
+
+def test_a_shared_pool_drafts_other_requests_output_credited_as_shared():
+    from vllm_lookahead.core.pool import SharedPools
+
+    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=2)
+    shared = SharedPools(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
+    first = RequestLookahead(params, [1, 2], seed=0, shared=shared)
+    first.catch_up([1, 2, 40, 41, 42, 43])  # its output: 40 41 42 43
+    second = RequestLookahead(params, [9, 9], seed=0, shared=shared)
+    draft = second.propose(40, [9, 40])
+    assert draft.tree.draft_tokens[:2] == [41, 42]
+    assert draft.sources[1:3].tolist() == [Source.SHARED, Source.SHARED]
+    alone = RequestLookahead(params, [9, 9], seed=0)  # no shared pool: nothing to draft
+    assert alone.propose(40, [9, 40]).tree.size == 1
+    # prompts are never shared
+    third = RequestLookahead(params, [9, 9], seed=0, shared=shared)
+    assert third.propose(1, [9, 1]).tree.size == 1

@@ -63,8 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "A100/H100 with a 7B bf16 model under a roofline cost model (a model, not a measurement; "
                    "bench/projection.py)")
     p.add_argument("--replay-budget", type=int, default=None,
-                   help="draft tokens per step for replayed lookahead (default: what CPU 'auto' gives "
-                   "one request at batch 1; -1 = no limit)")
+                   help="draft tokens per step for replayed lookahead (default: what the config does at "
+                   "batch 1 -- the draft rule for max_tokens_per_step 'auto'; -1 = no limit)")
+    p.add_argument("--replay-cost", default="cpu",
+                   help="forward-cost model of the replayed draft rule: cpu (this project's CPU profile), "
+                   "a100 or h100 (the projection's roofline: what the rule would choose there), or a JSON "
+                   "file as the engine logs it (default: cpu)")
     p.add_argument("--replay-max-tokens", type=int, default=None,
                    help="replay only the first N tokens of every recorded completion: exactly the "
                    "greedy run with max_tokens N (default: all)")
@@ -92,11 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
         budget = "auto" if args.replay_budget is None else None if args.replay_budget < 0 else args.replay_budget
         try:
-            results = run_replay(Path(args.replay), args.methods, budget, args.replay_max_tokens)
+            results = run_replay(Path(args.replay), args.methods, budget, args.replay_max_tokens, args.replay_cost)
         except ValueError as exc:
             print(f"vllm-lookahead bench: {exc}", file=sys.stderr)
             return 2
-        print(replay_markdown(results))
+        print(replay_markdown(results, args.replay_cost))
         return 0
     if args.project:
         from vllm_lookahead.bench.projection import project

@@ -32,7 +32,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_lookahead.core.step_cost import StepCost
 
 
 @dataclass(frozen=True)
@@ -114,13 +117,24 @@ def project(results_json: Path, gpus: tuple[Gpu, ...] = (A100, H100), model: Mod
     return "\n".join(lines)
 
 
+def step_cost(gpu: Gpu, model: Model = LLAMA_7B, up_to: int = 1024) -> "StepCost":
+    """This roofline as the draft rule's cost model (``bench --replay --replay-cost a100``): what
+    the rule would choose on that GPU -- a model, no GPU ran."""
+    from vllm_lookahead.core.step_cost import StepCost
+
+    sizes = [1 << k for k in range(up_to.bit_length()) if 1 << k <= up_to]
+    return StepCost(tuple(sizes), tuple(forward_seconds(gpu, model, n) for n in sizes),
+                    tree_step_seconds=model.layers * TREE_LAUNCHES_PER_LAYER * gpu.launch_s)
+
+
 def _branching(spec: dict | None) -> bool:
-    """Whether a method's drafts branch (lookahead outside the CPU chain-only default)."""
+    """Whether a method's drafts branch.  The cost rule ("auto") chose chains on this CPU; its
+    GPU choices are the replay's (``step_cost``), not this table's."""
     if not spec or spec.get("method") != "lookahead":
         return False
     from vllm_lookahead.config import LookaheadConfig
 
     cfg = LookaheadConfig.model_validate({k: v for k, v in spec.items() if k != "method"}, strict=False)
-    if cfg.chain_only("cpu"):
+    if cfg.cost_rule:
         return False
     return cfg.window_size > 0 or cfg.guess_set_size > 1

@@ -6,11 +6,13 @@ checked against what the model actually said next, with the same tree
 verification the engine runs (:func:`~vllm_lookahead.core.greedy_verify`).  That
 gives MAT and draft tokens per step of
 
-* lookahead's verification branch: pool candidates chosen by
-  :meth:`~vllm_lookahead.core.RequestLookahead.propose` within a per-request draft
-  budget (``--replay-budget``; by default what CPU "auto" allows one request at
-  batch 1: one candidate chain, the lead, growing while accepted, within the
-  24-token step cap); the Jacobi window needs the model's outputs and is left out;
+* lookahead's verification branch: pool candidates as the engine's proposer builds
+  them at batch 1 -- with ``max_tokens_per_step: "auto"`` sized by the same draft
+  rule (:func:`~vllm_lookahead.core.draft_rule.plan_step`) under a forward-cost
+  model (``--replay-cost``: this CPU's profile, or the A100/H100 roofline of
+  :mod:`.projection` -- what the rule would choose there), otherwise within a fixed
+  per-step budget (``--replay-budget``); the Jacobi window needs the model's
+  outputs and is left out;
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
 
 in seconds per configuration, for tuning candidate policies before an engine run.
@@ -30,6 +32,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vllm_lookahead.core import RequestLookahead, greedy_verify
+from vllm_lookahead.core.draft_rule import plan_step
+from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import DraftTree
 
 
@@ -40,6 +44,13 @@ class ReplayResult:
     tokens: int
     steps: int
     drafted: int
+    model_seconds: float = 0.0  # the steps' time under the replay's cost model
+    base_seconds: float = 0.0   # the same tokens one per forward under that model
+
+    @property
+    def modelled_speedup(self) -> float:
+        """Tokens/s over no speculation under the cost model (a model, not a measurement)."""
+        return self.base_seconds / self.model_seconds if self.model_seconds else float("nan")
 
     @property
     def mat(self) -> float:
@@ -68,19 +79,27 @@ def accepted_by(tree: DraftTree, truth: Sequence[int]) -> int:
     return len(path)
 
 
-def replay(prompt: Sequence[int], output: Sequence[int], make: Callable[[list[int]], Any]) -> tuple[int, int, int]:
-    """(tokens, forwards, drafted tokens) of one request.
+def tree_rows(tree: DraftTree) -> int:
+    """Draft rows of ``tree`` after its leading chain: the rows the tree pass recomputes."""
+    off_chain = np.flatnonzero(tree.parents[1:] != np.arange(tree.size - 1))
+    return int(tree.size - 1 - off_chain[0]) if off_chain.size else 0
+
+
+def replay(prompt: Sequence[int], output: Sequence[int], make: Callable[[list[int]], Any],
+           cost: StepCost | None = None) -> tuple[int, int, int, float]:
+    """(tokens, forwards, drafted tokens, modelled seconds under ``cost``) of one request.
 
     ``make(prompt)`` returns a drafter with ``draft(history, room) -> DraftTree``
     and ``learn(history)``.  The first token comes from the prefill forward,
     undrafted, as in the engine; no draft reaches past the recorded output.
     """
     if not output:
-        return 0, 0, 0
+        return 0, 0, 0, 0.0
     drafter = make(list(prompt))
     history = [*prompt, output[0]]
     drafter.learn(history)
     i, steps, drafted = 1, 1, 0
+    seconds = cost.forward(1) if cost is not None else 0.0
     while i < len(output):
         room = len(output) - i - 1  # vLLM never drafts past max_tokens
         tree = drafter.draft(history, room)
@@ -91,35 +110,45 @@ def replay(prompt: Sequence[int], output: Sequence[int], make: Callable[[list[in
         i += len(new)
         steps += 1
         drafted += tree.size - 1
-    return len(output), steps, drafted
+        if cost is not None:
+            seconds += cost.forward(tree.size, tree_rows(tree))
+    return len(output), steps, drafted, seconds
 
 
 class LookaheadCandidates:
-    """Lookahead's verification branch for one request, as the engine builds it.
+    """Lookahead's verification branch for one request, as the engine builds it at batch 1.
 
-    The lead candidate's length adapts to what was accepted, as in the engine
-    (:class:`~vllm_lookahead.core.draft_length.DraftLength`).
+    ``cost``: size each step with the draft rule under this forward-cost model (the
+    engine's ``"auto"``); None: candidates within ``budget`` (a fixed cap).  The lead
+    candidate's length and the rule's acceptance estimates follow what was accepted, as
+    in the engine.
     """
 
-    def __init__(self, config: Any, budget: int | None, prompt: list[int], max_candidates: int | None = None) -> None:
+    def __init__(self, config: Any, budget: int | None, prompt: list[int], cost: StepCost | None = None) -> None:
         self.state = RequestLookahead(config, prompt, seed=0)
         self.budget = budget
-        self.max_candidates = max_candidates
+        self.cost = cost
         self._last: tuple[Any, int] | None = None  # (draft, history length when drafted)
 
     def draft(self, history: list[int], room: int) -> DraftTree:
-        room = room if self.budget is None else min(room, self.budget)
+        room = max(0, room if self.budget is None else min(room, self.budget))
         recent = history[-self.state.params.lookup_context :]
-        draft = self.state.propose(
-            history[-1], recent, budget=max(room, 0), window=False, max_candidates=self.max_candidates
-        )
+        cands = self.state.step_candidates(history[-1], recent, room)
+        if self.cost is not None:
+            (plan,) = plan_step([self.state.draft_options(cands, window=False)], self.cost)
+            draft = self.state.build(cands, lead=plan.lead, candidates=plan.candidates, window_columns=0, budget=room)
+        else:
+            draft = self.state.build(cands, candidates=None, window_columns=0, budget=room)
         self._last = (draft, len(history))
         return draft.tree
 
     def learn(self, history: list[int]) -> None:
         if self._last is not None:
             draft, before = self._last
-            self.state.adapt_lead(draft, draft.tree.size, len(history) - before - 1)
+            new = history[before:]
+            self.state.adapt_lead(draft, draft.tree.size, len(new) - 1)
+            if draft.tree.size > 1:  # an empty draft is checked by catch_up, as in the engine
+                self.state.record_acceptance(draft, draft.tree.size, new, None)
             self._last = None
         self.state.catch_up(history)
 
@@ -171,11 +200,26 @@ def recorded_requests(raw: dict[str, Any], tokenizer: Any) -> dict[str, list[tup
 AUTO = "auto"
 
 
+def replay_cost(name: str) -> StepCost:
+    """The forward-cost model ``--replay-cost`` names: "cpu" (this project's CPU profile),
+    "a100"/"h100" (the roofline of bench/projection.py), or a JSON file (``StepCost.to_dict``)."""
+    from vllm_lookahead.bench import projection
+    from vllm_lookahead.engine.cost_profile import FALLBACK
+
+    if name == "cpu":
+        return StepCost(FALLBACK.tokens, FALLBACK.seconds)
+    if name in ("a100", "h100"):
+        return projection.step_cost(projection.A100 if name == "a100" else projection.H100)
+    return StepCost.from_dict(json.loads(Path(name).read_text()))
+
+
 def run_replay(
-    results_json: Path, methods: list[str], budget: int | None | str = AUTO, max_tokens: int | None = None
+    results_json: Path, methods: list[str], budget: int | None | str = AUTO, max_tokens: int | None = None,
+    cost: str = "cpu",
 ) -> list[ReplayResult]:
     """MAT of each ngram / lookahead method on the recording; ``budget``: draft tokens per
-    step for lookahead (None: no limit; "auto": the CPU auto budget of each config at batch 1);
+    step for lookahead (None: no limit; "auto": what the config does at batch 1 -- the draft
+    rule under ``cost`` (:func:`replay_cost`) for ``max_tokens_per_step: "auto"``, else its cap);
     ``max_tokens``: replay only the first tokens of each completion -- exactly the greedy run
     with that ``max_tokens`` (a greedy completion's prefix does not depend on where it stops)."""
     from transformers import AutoTokenizer
@@ -199,22 +243,27 @@ def run_replay(
         elif cfg["method"] == "lookahead":
             keys = {k: v for k, v in cfg.items() if k != "method"}
             config = LookaheadConfig.model_validate(keys, strict=False)
-            b = config.draft_budget("cpu", 1) if budget == AUTO else budget  # the proposer's rule, batch 1
-            one = 1 if budget == AUTO and config.chain_only("cpu") else None
-            label = f"{m.label} ({'one chain' if one else 'candidates'}, budget {b if b is not None else 'none'})"
-            drafters.append((label, lambda prompt, c=config, b=b, one=one: LookaheadCandidates(c, b, prompt, one)))
+            rule = budget == AUTO and config.cost_rule
+            b = config.draft_budget(1) if budget == AUTO else budget  # the proposer at batch 1
+            model = replay_cost(cost) if rule else None
+            label = f"{m.label} (" + (f"draft rule, {cost} cost" if rule else f"budget {b if b is not None else 'none'}") + ")"
+            drafters.append((label, lambda prompt, c=config, b=b, model=model: LookaheadCandidates(c, b, prompt, model)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram and lookahead only)")
+    timing = replay_cost(cost)
     results = []
     for workload, pairs in requests.items():
         for label, make in drafters:
-            totals = [replay(prompt, output, make) for prompt, output in pairs]
-            results.append(ReplayResult(workload, label, *(sum(t[i] for t in totals) for i in range(3))))
+            totals = [replay(prompt, output, make, timing) for prompt, output in pairs]
+            tokens, steps, drafted, seconds = (sum(t[i] for t in totals) for i in range(4))
+            results.append(ReplayResult(workload, label, tokens, steps, drafted, seconds, tokens * timing.forward(1)))
     return results
 
 
-def to_markdown(results: list[ReplayResult]) -> str:
-    lines = ["| workload | drafter | MAT | draft/step | tokens |", "|---|---|---|---|---|"]
+def to_markdown(results: list[ReplayResult], cost: str = "cpu") -> str:
+    lines = [f"| workload | drafter | MAT | draft/step | tokens | modelled speedup ({cost} cost model) |",
+             "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r.workload} | {r.drafter} | {r.mat:.2f} | {r.draft_per_step:.1f} | {r.tokens} |")
+        lines.append(f"| {r.workload} | {r.drafter} | {r.mat:.2f} | {r.draft_per_step:.1f} | {r.tokens} | "
+                     f"{r.modelled_speedup:.2f}x |")
     return "\n".join(lines)

@@ -122,3 +122,25 @@ class NgramPool:
     @property
     def num_keys(self) -> int:
         return len(self._table)
+
+
+class SharedPools:
+    """Output n-grams of every request of one engine, for every other request's lookups.
+
+    Suffix decoding (Oliaro et al., 2024, arXiv:2411.04975) keeps a tree over earlier
+    requests' outputs: answers to similar prompts repeat each other (code, templates,
+    boilerplate).  These are the same text pools a request keeps (keyed by the last
+    ``lookup_context``..1 tokens), filled with accepted output only -- never prompts --
+    holding token ids only, bounded like a request's (``max_pool_keys`` keys per pool,
+    least recently used out, ``G`` continuations per key).  What they store is another
+    request's text: drafts do not change any output (verification is exact) but a step's
+    speed can depend on what other clients generated, so they are opt-in (``shared_pool``).
+    """
+
+    def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int, lookup_context: int) -> None:
+        self.pools = {k: NgramPool(ngram_size, guess_set_size, max_keys, context=k)
+                      for k in range(lookup_context, 0, -1)}
+
+    def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
+        for pool in self.pools.values():
+            pool.add_sequence(tokens, start=start, source=Source.SHARED)

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .draft_length import DraftLength
-from .pool import NgramPool
+from .draft_rule import Acceptance, DraftOptions
+from .pool import NgramPool, SharedPools
 from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
@@ -52,6 +53,24 @@ class StepDraft:
     lead_tokens: int = 0  # draft tokens of the first candidate (extended past N - 1 when it may grow)
     sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
+    lead_grown: bool = False  # the lead was drafted past its base length N - 1 (it had been accepted in full)
+    shadow_token: int = -1  # the lead's first token left out by the draft rule (-1: none)
+
+    @property
+    def window_columns(self) -> int:
+        """Window columns this tree runs (their output nodes are >= 0)."""
+        return int((self.window_nodes >= 0).sum())
+
+
+@dataclass(frozen=True)
+class StepCandidates:
+    """What the pools offer below one root this step, before a tree is built."""
+
+    root: int
+    lead: tuple[int, ...]          # the lead candidate, grown to the request's lead length (or cut to the room)
+    lead_sources: list[int]
+    others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
+    lead_grown: bool
 
 
 class RequestLookahead:
@@ -62,8 +81,10 @@ class RequestLookahead:
         params: "LookaheadConfig",
         prompt_token_ids: Sequence[int],
         seed: int,
+        shared: SharedPools | None = None,
     ) -> None:
         self.params = params
+        self.shared = shared  # other requests' output n-grams (``shared_pool``), consulted after ours
         self.rng = np.random.default_rng(seed)
         # W = 0: no lookahead branch (the verification branch alone, from the text pools).
         self.window = JacobiWindow(
@@ -83,10 +104,26 @@ class RequestLookahead:
             for pool in self._text_pools():
                 pool.add_sequence(prompt_token_ids, source=Source.PROMPT)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
+        self.prompt_len = len(prompt_token_ids)
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
+        self.acceptance = Acceptance()  # what this request's drafts have been accepted at (draft rule)
+        self._unsent: StepDraft | None = None  # last build, if it drafted nothing but had a lead
 
     def _text_pools(self) -> list[NgramPool]:
         return [*self.context_pools, self.pool]
+
+    def _lookup_pools(self) -> list[NgramPool]:
+        """The pools candidates are looked up in: longest context first; at each context length
+        this request's own pool, then the shared one."""
+        if self.shared is None:
+            return self._text_pools()
+        out = []
+        for pool in self._text_pools():
+            out.append(pool)
+            shared = self.shared.pools.get(pool.context)
+            if shared is not None:
+                out.append(shared)
+        return out
 
     @property
     def window_tokens(self) -> int:
@@ -105,7 +142,7 @@ class RequestLookahead:
         limit = self.params.guess_set_size if limit is None else limit
         out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
-        for pool in self._text_pools():
+        for pool in self._lookup_pools():
             if len(out) >= limit:
                 break
             for c, source in pool.get_sourced(recent, limit):
@@ -142,6 +179,99 @@ class RequestLookahead:
             sources.extend([more[0][1]] * len(piece))
         return tuple(draft), sources
 
+    def step_candidates(
+        self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None
+    ) -> StepCandidates:
+        """The candidates below ``root_token`` (the last accepted token): the lead, grown to the
+        request's lead length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut to
+        ``room``, then up to ``max_candidates - 1`` (default ``G - 1``) further ones.
+
+        ``recent``: the last tokens of the sequence, ending with ``root_token`` (only the last
+        ``lookup_context`` are read).
+        """
+        params = self.params
+        recent = [int(t) for t in recent[max(0, len(recent) - params.lookup_context) :]]
+        if not recent or recent[-1] != int(root_token):
+            recent = [int(root_token)]
+        room = room if room is not None else 1 << 30
+        found = self.sourced_candidates(recent)
+        if max_candidates is not None:
+            found = found[:max_candidates]
+        lead: tuple[int, ...] = ()
+        lead_sources: list[int] = []
+        if found and room > 0:
+            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, self.lead_length.current))
+        return StepCandidates(
+            int(root_token), lead, lead_sources, found[1:] if lead else [],
+            lead_grown=self.lead_length.current > self.lead_length.floor,
+        )
+
+    def draft_options(self, cands: StepCandidates, window: bool = True) -> DraftOptions:
+        """What the draft rule (:func:`~.draft_rule.plan_step`) may choose from for ``cands``,
+        with this request's expected acceptance."""
+        acc = self.acceptance
+        rows: tuple[int, ...] = ()
+        if window and self.window is not None:
+            filled = self.window.filled
+            rows = (filled - 1, *([filled] * (self.window.window_size - 1)))
+        first, nxt = acc.lead_rates(cands.lead_grown)
+        return DraftOptions(
+            lead=len(cands.lead),
+            lead_first=first,
+            lead_next=nxt,
+            candidate_rows=tuple(len(c) for c, _ in cands.others),
+            candidate_gain=acc.candidate.value,
+            window_column_rows=rows,
+            window_column_gain=acc.window_column.value,
+        )
+
+    def build(
+        self,
+        cands: StepCandidates,
+        lead: int | None = None,
+        candidates: int | None = None,
+        window_columns: int | None = 0,
+        merge: bool | None = None,
+        budget: int | None = None,
+    ) -> StepDraft:
+        """The tree of ``cands``: the lead cut to ``lead`` tokens, ``candidates`` further candidates
+        (None: as many as fit ``budget`` whole, in order), the first ``window_columns`` window
+        columns (None: the whole window if it fits ``budget``), at most ``budget`` draft nodes."""
+        params = self.params
+        builder = TreeBuilder(cands.root)
+        room = budget if budget is not None else 1 << 30
+        merge = params.merge_candidates if merge is None else merge
+        lead_tokens = cands.lead[: min(room, len(cands.lead) if lead is None else lead)]
+        used = 0
+        if lead_tokens:
+            builder.add_chain(0, lead_tokens, needs_logits=True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)])
+            used = 1
+            for continuation, source in cands.others[: candidates]:
+                if builder.size - 1 + len(continuation) > room:
+                    break  # keep the order: a later (less likely) candidate never jumps the queue
+                builder.add_chain(0, continuation, needs_logits=True, merge=merge, sources=source)
+                used += 1
+        window_start = None
+        window_nodes = np.zeros(0, dtype=np.int64)
+        if self.window is not None and window_columns != 0:
+            if window_columns is None:
+                window_columns = self.window.window_size if builder.size - 1 + self.window_tokens <= room else 0
+            else:
+                window_columns = min(window_columns, self.window.window_size)
+                while window_columns and builder.size - 1 + self.window.tree_nodes(window_columns) > room:
+                    window_columns -= 1
+            if window_columns:
+                window_start = builder.size  # the lookahead branch: every node from here on
+                window_nodes = self.window.add_to_tree(builder, root=0, columns=window_columns)
+        draft = StepDraft(
+            tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=len(lead_tokens),
+            sources=builder.sources, window_start=window_start, lead_grown=cands.lead_grown,
+            shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
+        )
+        # A draft with no tokens is never verified: catch_up checks its shadow token instead.
+        self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
+        return draft
+
     def propose(
         self,
         root_token: int,
@@ -151,51 +281,18 @@ class RequestLookahead:
         max_candidates: int | None = None,
         merge: bool | None = None,
     ) -> StepDraft:
-        """Build this step's tree below ``root_token`` (the last accepted token).
+        """Build this step's tree below ``root_token`` within a fixed budget (no cost rule).
 
-        ``recent``: the last tokens of the sequence, ending with ``root_token``
-        (only the last ``lookup_context`` are read); ``budget``: at most this many
-        draft nodes (None = no limit); ``window=False``: the verification branch only;
-        ``max_candidates``: at most this many candidates (None = G; 1 with no window =
-        a chain, which needs no tree attention); ``merge``: trie-merge candidates sharing
-        a prefix (None = the config's ``merge_candidates``).
+        ``budget``: at most this many draft nodes (None = no limit); ``window=False``: the
+        verification branch only; ``max_candidates``: at most this many candidates (None = G;
+        1 with no window = a chain, which needs no tree attention); ``merge``: trie-merge
+        candidates sharing a prefix (None = the config's ``merge_candidates``).
 
-        The first (lead) candidate is drafted at the request's current lead
-        length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut
-        to the budget if need be; the others are drafted whole, in order, while
-        they fit; then the whole window if it fits.
+        The lead is cut to the budget if need be; the other candidates are drafted whole, in
+        order, while they fit; then the whole window if it fits.
         """
-        params = self.params
-        builder = TreeBuilder(root_token)
-        recent = [int(t) for t in recent[max(0, len(recent) - params.lookup_context) :]]
-        if not recent or recent[-1] != int(root_token):
-            recent = [int(root_token)]
-        room = budget if budget is not None else 1 << 30
-        merge = params.merge_candidates if merge is None else merge
-        used = lead = 0
-        for continuation, source in self.sourced_candidates(recent):
-            if max_candidates is not None and used >= max_candidates:
-                break
-            sources: int | list[int] = source
-            if used == 0:
-                continuation, sources = self._grow_lead(continuation, source, recent, min(room, self.lead_length.current))
-                lead = len(continuation)
-                if not continuation:
-                    break
-            elif builder.size - 1 + len(continuation) > room:
-                break  # keep the order: a later (less likely) candidate never jumps the queue
-            builder.add_chain(0, continuation, needs_logits=True, merge=merge, sources=sources)
-            used += 1
-        window_start = None
-        if window and self.window is not None and builder.size - 1 + self.window_tokens <= room:
-            window_start = builder.size  # the lookahead branch: every node from here on
-            window_nodes = self.window.add_to_tree(builder, root=0)
-        else:
-            window_nodes = np.zeros(0, dtype=np.int64)
-        return StepDraft(
-            tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=lead,
-            sources=builder.sources, window_start=window_start,
-        )
+        cands = self.step_candidates(root_token, recent, budget, max_candidates)
+        return self.build(cands, candidates=None, window_columns=None if window else 0, merge=merge, budget=budget)
 
     def observe(
         self,
@@ -204,13 +301,15 @@ class RequestLookahead:
         argmax: np.ndarray,
         accepted_tokens: Sequence[int],
         history: Sequence[int],
+        path: np.ndarray | None = None,
     ) -> None:
         """Learn from the target forward of ``draft`` (see module docstring).
 
         ``num_nodes_run``: nodes of ``draft.tree`` actually run (a prefix, >= 1);
         ``argmax``: (num_nodes_run,) argmax per run node, -1 without logits;
         ``accepted_tokens``: tokens appended this step (drafts + bonus, >= 1);
-        ``history``: the full sequence after this step (only its tail is read).
+        ``history``: the full sequence after this step (only its tail is read);
+        ``path``: the accepted node ids (to credit window-only n-grams; None: not known).
         """
         if not 1 <= num_nodes_run <= draft.tree.size:
             raise ValueError(f"num_nodes_run {num_nodes_run} outside [1, {draft.tree.size}]")
@@ -224,7 +323,7 @@ class RequestLookahead:
 
         window_nodes = draft.window_nodes
         if window_nodes.size and self.window is not None:
-            was_run = window_nodes < num_nodes_run
+            was_run = (window_nodes >= 0) & (window_nodes < num_nodes_run)
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]
             for ngram in self.window.update(outputs, num_new - 1, tail):
@@ -232,9 +331,47 @@ class RequestLookahead:
         if self.params.pool_from_output:
             for pool in self._text_pools():
                 pool.add_sequence(tail, start=start)
+        self._share(tail, start, len(history))
 
         self.adapt_lead(draft, num_nodes_run, num_new - 1)
+        self.record_acceptance(draft, num_nodes_run, accepted_tokens, path)
+        self._unsent = None
         self.known = len(history)
+
+    def record_acceptance(
+        self, draft: StepDraft, num_nodes_run: int, accepted_tokens: Sequence[int], path: np.ndarray | None
+    ) -> None:
+        """Feed the draft rule's per-request estimates (:class:`~.draft_rule.Acceptance`).
+
+        Lead tokens the rule left out are still observed where the step says what they would
+        have met: when the drafted part of the lead (maybe none of it) was accepted in full
+        and the step ended there, the next emitted token is the model's own choice, and the
+        left-out token would have been accepted exactly when it equals that token (for greedy
+        requests by definition, for sampled ones with the same probability p(x)).  So a
+        request the rule stopped drafting keeps being measured, and drafts again when its
+        text starts to repeat.
+        """
+        accepted = len(accepted_tokens) - 1
+        lead = min(draft.lead_tokens, num_nodes_run - 1)
+        lead_tokens = draft.tree.tokens[1 : lead + 1]
+        lead_accepted = 0
+        while lead_accepted < min(lead, accepted) and int(lead_tokens[lead_accepted]) == int(accepted_tokens[lead_accepted]):
+            lead_accepted += 1
+        window_nodes = draft.window_nodes
+        columns = int(((window_nodes >= 0) & (window_nodes < num_nodes_run)).sum()) if window_nodes.size else 0
+        window_accepted = 0
+        if path is not None and draft.sources is not None and len(path):
+            window_accepted = int((np.asarray(draft.sources)[np.asarray(path, dtype=np.int64)] == Source.WINDOW).sum())
+        further = max(0, draft.num_candidates - 1) if num_nodes_run - 1 > lead else 0
+        if draft.shadow_token >= 0 and lead == draft.lead_tokens and lead_accepted == lead == accepted:
+            lead += 1  # the left-out token, checked against the emitted one
+            if int(accepted_tokens[accepted]) == draft.shadow_token:
+                lead_accepted += 1
+        self.acceptance.observe(
+            lead=lead, grown=draft.lead_grown, lead_accepted=lead_accepted,
+            candidates=further,
+            accepted=accepted, window_columns=columns, window_accepted=window_accepted,
+        )
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:
         """Let the lead length follow a step's outcome (``num_accepted`` draft tokens, bonus excluded)."""
@@ -256,15 +393,28 @@ class RequestLookahead:
         full batch) and pay for it, once per token, when it can: total work stays
         O(tokens), each call O(tokens since the last one).
         """
+        unsent, self._unsent = self._unsent, None
+        if unsent is not None and len(history) > self.known:  # the step after a draft of nothing
+            self.record_acceptance(unsent, 1, [int(history[self.known])], None)
         self._learn_last(len(history) - self.known, history)
 
     def _learn_last(self, num_new: int, history: Sequence[int]) -> None:
         self.known = len(history)
-        if not self.params.pool_from_output or num_new <= 0:
+        if num_new <= 0 or not (self.params.pool_from_output or self.shared is not None):
             return
         tail, start = self._tail(num_new, history)
-        for pool in self._text_pools():
-            pool.add_sequence(tail, start=start)
+        if self.params.pool_from_output:
+            for pool in self._text_pools():
+                pool.add_sequence(tail, start=start)
+        self._share(tail, start, len(history))
+
+    def _share(self, tail: list[int], start: int, length: int) -> None:
+        """Give the shared pools the n-grams of ``tail`` (the end of a sequence of ``length``
+        tokens) that lie wholly in the output: prompts are never shared."""
+        if self.shared is None:
+            return
+        first_output = max(0, self.prompt_len - (length - len(tail)))
+        self.shared.add_sequence(tail[first_output:], start=max(0, start - first_output))
 
     def _tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:
         """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""

@@ -8,13 +8,15 @@ so each accepted token can be credited to one of:
 
 ``PROMPT``  an n-gram of the prompt;
 ``OUTPUT``  an n-gram of the output accepted so far (and not of the prompt);
+``SHARED``  an n-gram of another request's output (``shared_pool``; not of this
+            request's own text);
 ``WINDOW``  an n-gram only the window produced -- not (yet) in the prompt or the
             output -- or a node of the lookahead branch itself (its level-0 chain
             carries logits while the window has one level, as in Jacobi decoding).
 
 An n-gram several sources produced is credited to the one text lookup would also
-have found: ``PROMPT`` before ``OUTPUT`` before ``WINDOW`` (so a window n-gram that
-later appears in the output counts as output from then on).
+have found: ``PROMPT`` before ``OUTPUT`` before ``SHARED`` before ``WINDOW`` (so a
+window n-gram that later appears in the output counts as output from then on).
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ class Source(IntEnum):
     ROOT = 0  # the tree's root: the last accepted token, not a draft
     PROMPT = 1
     OUTPUT = 2
-    WINDOW = 3
+    SHARED = 3
+    WINDOW = 4
 
 
-SOURCE_NAMES = tuple(s.name.lower() for s in Source if s is not Source.ROOT)  # ("prompt", "output", "window")
+SOURCE_NAMES = tuple(s.name.lower() for s in Source if s is not Source.ROOT)  # ("prompt", "output", "shared", "window")
 
 
 def count_by_source(sources: np.ndarray, nodes: np.ndarray) -> dict[str, int]:

@@ -77,11 +77,24 @@ class JacobiWindow:
         level0[1:] = _sample(self.rng, init_tokens, self.window_size - 1)
         self.levels = [level0]
 
-    def add_to_tree(self, builder: TreeBuilder, root: int = 0) -> np.ndarray:
-        """Add the window below ``root``; return the W output node ids (last level)."""
-        width = self.window_size
+    def tree_nodes(self, columns: int | None = None) -> int:
+        """Tree nodes (root excluded) the first ``columns`` columns (default all) add."""
+        k = self.window_size if columns is None else max(0, min(columns, self.window_size))
+        return k * self.filled - 1 if k else 0
+
+    def add_to_tree(self, builder: TreeBuilder, root: int = 0, columns: int | None = None) -> np.ndarray:
+        """Add the window's first ``columns`` columns (default all) below ``root``.
+
+        Returns the W output node ids (last level), -1 for columns left out this
+        step: those get no new level from :meth:`update` (they keep their last
+        guess) and yield no n-gram.
+        """
+        width = self.window_size if columns is None else max(0, min(columns, self.window_size))
         self.root_token = int(builder.root_token)
         last = self.filled - 1
+        outputs = np.full(self.window_size, -1, dtype=np.int64)
+        if width == 0:
+            return outputs
         previous_level = np.empty(width, dtype=np.int64)
         previous_level[0] = root
         level0 = self.levels[0]
@@ -93,7 +106,8 @@ class JacobiWindow:
             for i in range(width):
                 current_level[i] = builder.add(int(previous_level[i]), int(level[i]), j == last, Source.WINDOW)
             previous_level = current_level
-        return previous_level
+        outputs[:width] = previous_level
+        return outputs
 
     def update(
         self,

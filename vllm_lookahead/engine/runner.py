@@ -38,7 +38,12 @@ import torch
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft
+from vllm_lookahead.core.draft_rule import plan_step
+from vllm_lookahead.core.pool import SharedPools
+from vllm_lookahead.core.request import StepCandidates
+from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.attention import unsupported_feature
+from vllm_lookahead.engine.cost_profile import FALLBACK, profile_forward_cost
 from vllm_lookahead.engine.draft_step import draft_room, window_seed
 from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
@@ -67,11 +72,15 @@ class RunnerLookahead:
             raise NotImplementedError("lookahead: M-RoPE models are not supported")
         self.runner = runner
         self.config: LookaheadConfig = proposer.config
-        self.platform = _device_type(runner.vllm_config)
         self.max_model_len = int(runner.model_config.max_model_len)
-        # CPU "auto": one candidate chain (the lead), no window -- vLLM's causal kernel verifies it.
-        self.chain_only = self.config.chain_only(self.platform)
+        # "auto": the cost-aware draft rule sizes every step (core/draft_rule.py) with this
+        # forward-cost model, profiled in setup_kv and refined by every decode step.
+        self.cost: StepCost | None = None
+        self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this forward
         self.requests: dict[str, RequestLookahead] = {}
+        cfg = self.config
+        self.shared = SharedPools(cfg.ngram_size, cfg.guess_set_size, cfg.max_pool_keys, cfg.lookup_context) \
+            if cfg.shared_pool else None  # every request's output n-grams, for the others (opt-in)
         self.pending: dict[str, StepDraft] = {}
         self.outcomes: dict[str, StepOutcome] = {}
         self.batch: TreeBatch | None = None
@@ -144,7 +153,15 @@ class RunnerLookahead:
                 f"{table_block_size} (kernel block splitting); not supported"
             )
         self.kv = PagedKV(backend, caches, block_size)
+        if self.config.cost_rule:
+            self.cost = profile_forward_cost(runner)
         return backend
+
+    def step_cost(self) -> StepCost:
+        """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
+        if self.cost is None:
+            self.cost = StepCost(FALLBACK.tokens, FALLBACK.seconds)
+        return self.cost
 
     # -- step hooks, in the order vLLM calls them -----------------------------------------
     def on_update_states(self, scheduler_output: Any) -> None:
@@ -159,6 +176,9 @@ class RunnerLookahead:
         self.batch = None
         self.outcomes.clear()
         spec = scheduler_output.scheduled_spec_decode_tokens
+        self._step_clock = None
+        if self.config.cost_rule and _decode_only(scheduler_output):
+            self._step_clock = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
         if not spec:
             return result
         runner = self.runner
@@ -185,12 +205,16 @@ class RunnerLookahead:
         batch.block_table = table.get_device_tensor(num_reqs)
         batch.kv = self.kv
         self.batch = batch
+        if self._step_clock is not None:
+            rows = sum(tr.num_nodes - tr.first_branch_node for tr in batch.requests)
+            self._step_clock = (*self._step_clock[:2], rows)
         _, spec_meta, max_sampled = result
         return batch.logits_indices, spec_meta, max_sampled
 
     def sample(self, logits: torch.Tensor, spec_decode_metadata: Any) -> Any | None:
         """This step's ``SamplerOutput``, or None to let vLLM's own ``_sample`` run."""
         runner = self.runner
+        self._time_forward(logits)
         batch, self.batch = self.batch, None
         if batch is None:
             if spec_decode_metadata is None or not any(spec_decode_metadata.num_draft_tokens):
@@ -218,22 +242,35 @@ class RunnerLookahead:
         self.stats.maybe_log()
         return output
 
+    def _time_forward(self, logits: torch.Tensor) -> None:
+        """Feed the cost model the forward that just ran (decode-only steps)."""
+        clock, self._step_clock = self._step_clock, None
+        if clock is None:
+            return
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        start, tokens, rows = clock
+        self.step_cost().observe(tokens, rows, time.perf_counter() - start)
+
     def propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         """Observe this step's outcome per request and return next step's draft tokens (vLLM order)."""
         t0 = time.perf_counter()
         runner = self.runner
+        decoding = sum(1 for s in sampled_token_ids if s)
+        budget = self.config.draft_budget(decoding)
+        can_draft = budget != 0 and (budget is not None or self._any_draft_pays(decoding))
         drafts: list[list[int]] = []
-        budget = self.config.draft_budget(self.platform, sum(1 for s in sampled_token_ids if s))
+        wanted: list[tuple[int, str, RequestLookahead, StepCandidates, bool, int, Any]] = []
         for i, req_id in enumerate(runner.input_batch.req_ids):
+            drafts.append([])
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             outcome = self.outcomes.pop(req_id, None)
-            if not new_tokens or (budget == 0 and outcome is None):
+            self.pending.pop(req_id, None)
+            if not new_tokens or (not can_draft and outcome is None):
                 # Nothing to draft this step (no new token, or a batch too full for drafts):
                 # the pools catch up on the skipped tokens when the request drafts again.
-                self.pending.pop(req_id, None)
-                drafts.append([])
                 continue
             num_tokens = int(num_tokens_no_spec[i])
             history = token_ids_cpu[i, :num_tokens]
@@ -241,21 +278,63 @@ class RunnerLookahead:
             state = self.requests.get(req_id)
             if state is None:
                 prompt = req_state.prompt_token_ids or []
-                state = RequestLookahead(self.config, prompt, seed=window_seed(self.config.seed, prompt))
+                state = RequestLookahead(self.config, prompt, seed=window_seed(self.config.seed, prompt),
+                                         shared=self.shared)
                 self.requests[req_id] = state
             if outcome is not None:
                 assert outcome.draft is not None
-                state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history)
+                state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
             else:
                 state.catch_up(history)
-            drafts.append(self._next_draft(i, req_id, req_state, state, new_tokens, history, budget))
+            if not can_draft:
+                continue
+            room, thinking = self._room(i, req_state, new_tokens, history, budget)
+            if room <= 0:
+                continue
+            sp = req_state.sampling_params
+            chain = eligibility.chain_only(sp)  # structured output: vLLM masks chain positions only
+            recent = history[max(0, len(history) - self.config.lookup_context) :]
+            cands = state.step_candidates(int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None)
+            wanted.append((i, req_id, state, cands, chain, room, thinking))
+        plans = None
+        if budget is None and self.config.cost_rule and wanted:
+            options = [state.draft_options(cands, window=not chain) for _, _, state, cands, chain, _, _ in wanted]
+            plans = plan_step(options, self.step_cost(), base_tokens=decoding)
+        for k, (i, req_id, state, cands, chain, room, thinking) in enumerate(wanted):
+            # Random sampling tries a node's children in turn, so candidates sharing a prefix are
+            # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
+            sp = runner.requests[req_id].sampling_params
+            merge = None if eligibility.is_greedy(sp) else True
+            if plans is not None:
+                plan = plans[k]
+                draft = state.build(cands, lead=plan.lead, candidates=plan.candidates,
+                                    window_columns=plan.window_columns, merge=merge, budget=room)
+            else:  # a fixed cap: full trees within it
+                draft = state.build(cands, candidates=None, window_columns=0 if chain else None, merge=merge, budget=room)
+            tokens = draft.tree.draft_tokens[:room]
+            if thinking is not None:
+                # No marker token in a draft (a prefix of a tree in topological order is a tree).
+                tokens = tokens[: thinking.cut(tokens)]
+            if not tokens:
+                continue
+            self.pending[req_id] = draft
+            self.stats.on_propose(draft)
+            drafts[i] = tokens
         self.stats.propose_seconds += time.perf_counter() - t0
         return drafts
 
-    def _next_draft(
-        self, i: int, req_id: str, req_state: Any, state: RequestLookahead, new_tokens: list[int],
-        history: np.ndarray, budget: int | None
-    ) -> list[int]:
+    def _any_draft_pays(self, decoding: int) -> bool:
+        """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's
+        test for a batch too full to draft; when it fails no request does any work)."""
+        if decoding <= 0:
+            return False
+        cost = self.step_cost()
+        base = cost.forward(decoding)
+        return base > decoding * (cost.forward(decoding + 1) - base)
+
+    def _room(self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray,
+              budget: int | None) -> tuple[int, ThinkingLimit | None]:
+        """Draft nodes the request may carry next step, and its thinking-budget limit if any."""
         sp = req_state.sampling_params
         num_output = len(req_state.output_token_ids)
         reason = self.blocked or eligibility.draft_blocker(sp)
@@ -266,28 +345,7 @@ class RunnerLookahead:
         if thinking is not None and room > 0:
             limit = thinking.room(i, num_output, len(history) - num_output, new_tokens)
             room = room if limit is None else min(room, limit)
-        if room <= 0:
-            self.pending.pop(req_id, None)
-            return []
-        root = new_tokens[-1]
-        recent = history[max(0, len(history) - self.config.lookup_context) :]
-        # Random sampling tries a node's children in turn, so candidates sharing a prefix are
-        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
-        merge = None if eligibility.is_greedy(sp) else True
-        if self.chain_only or eligibility.chain_only(sp):
-            draft = state.propose(int(root), recent, budget=room, window=False, max_candidates=1)
-        else:
-            draft = state.propose(int(root), recent, budget=room, merge=merge)
-        tokens = draft.tree.draft_tokens[:room]
-        if thinking is not None:
-            # No marker token in a draft (a prefix of a tree in topological order is a tree).
-            tokens = tokens[: thinking.cut(tokens)]
-            if not tokens:
-                self.pending.pop(req_id, None)
-                return []
-        self.pending[req_id] = draft
-        self.stats.on_propose(draft)
-        return tokens
+        return room, thinking
 
     def thinking_limit(self) -> ThinkingLimit | None:
         """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,
@@ -320,10 +378,9 @@ class RunnerLookahead:
             logger.warning("lookahead: requests with %s run without drafts (exact, no speedup)", reason)
 
 
-def _device_type(vllm_config: Any) -> str:
-    device = getattr(getattr(vllm_config, "device_config", None), "device_type", None)
-    if device:
-        return str(device)
-    from vllm.platforms import current_platform
-
-    return str(current_platform.device_type)
+def _decode_only(scheduler_output: Any) -> bool:
+    """Whether every scheduled request decodes (one token plus its drafts): the steps whose
+    time the cost model learns from (a prefill chunk's cost is not a decode step's)."""
+    spec = scheduler_output.scheduled_spec_decode_tokens or {}
+    counts = scheduler_output.num_scheduled_tokens
+    return bool(counts) and all(n == 1 + len(spec.get(r, ())) for r, n in counts.items())

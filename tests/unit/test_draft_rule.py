@@ -1,0 +1,161 @@
+"""The cost-aware draft rule (core/draft_rule.py) and its forward-cost model (core/step_cost.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core import RequestLookahead, greedy_verify
+from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, plan_step
+from vllm_lookahead.core.step_cost import StepCost
+
+
+# -- the cost model -------------------------------------------------------------------------
+def test_chain_cost_interpolates_and_extrapolates_with_the_last_slope():
+    cost = StepCost((1, 8, 32), (0.020, 0.025, 0.043))
+    assert cost.forward(1) == 0.020 and cost.forward(8) == 0.025
+    assert abs(cost.forward(20) - 0.034) < 1e-12  # halfway between 8 and 32
+    assert abs(cost.forward(56) - 0.061) < 1e-12  # past 32: 0.75 ms per token
+    assert cost.forward(8, tree_rows=0) == cost.forward(8)
+
+
+def test_observed_steps_set_the_scale_and_the_tree_row_price():
+    cost = StepCost((1, 32), (0.020, 0.043))
+    for _ in range(50):
+        cost.observe(1, 0, 0.040)  # real chain steps take twice the profile
+    assert abs(cost.scale - 2.0) < 1e-9
+    for _ in range(50):
+        cost.observe(20, 10, 2.0 * cost.chain(20) + 10 * 0.001)  # trees: +1 ms per recomputed row
+    assert abs(cost.tree_row_seconds - 0.001) < 1e-6
+    assert abs(cost.forward(20, 10) - (2.0 * cost.chain(20) + 0.010)) < 1e-6
+    again = StepCost.from_dict(cost.to_dict())
+    assert abs(again.forward(20, 10) - cost.forward(20, 10)) < 1e-6
+
+
+# -- the rule -------------------------------------------------------------------------------
+def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1) -> DraftOptions:
+    return DraftOptions(lead, p, q, tuple(cands), cand_gain, tuple(cols), col_gain)
+
+
+FREE = StepCost.linear(0.010, 0.0)  # every token free: a GPU far below its knee
+DEAR = StepCost.linear(0.0, 0.010)  # time proportional to tokens: a draft never pays
+
+
+def test_free_tokens_draft_everything_dear_tokens_nothing():
+    full = plan_step([_opts()], FREE)
+    assert full == [DraftPlan(lead=8, candidates=3, window_columns=3)]
+    assert plan_step([_opts()], DEAR) == [DraftPlan()]
+
+
+def test_cpu_like_costs_draft_a_chain_and_leave_the_tree_out():
+    # ~0.7 ms per token on a 20 ms forward, 1 ms per tree row: the lead chain pays, a
+    # candidate or window column adding 0.1 tokens for 4 rows does not.
+    cpu = StepCost.linear(0.0193, 0.0007, tree_row=0.001)
+    (plan,) = plan_step([_opts(p=0.6, q=0.9)], cpu)
+    assert plan.lead == 8 and plan.candidates == 0 and plan.window_columns == 0
+    (unlikely,) = plan_step([_opts(p=0.6, q=0.3)], cpu)
+    assert 0 < unlikely.lead < 8  # the tail of an unlikely lead is cut
+
+
+def test_a_full_batch_drafts_less_per_request_and_eventually_nothing():
+    cost = StepCost.linear(0.015, 0.0008)
+    leads = [sum(p.lead for p in plan_step([_opts(p=0.4, q=0.6)] * n, cost)) / n for n in (1, 4, 16, 64)]
+    assert leads == sorted(leads, reverse=True) and leads[0] > leads[-1]
+    assert plan_step([_opts(p=0.02, q=0.5)] * 64, cost) == [DraftPlan()] * 64
+
+
+def test_warming_window_column_zero_is_free_and_candidates_need_the_lead():
+    (plan,) = plan_step([_opts(lead=0, cols=(0, 1, 1))], FREE)
+    assert plan == DraftPlan(lead=0, candidates=0, window_columns=3)
+    (plan,) = plan_step([_opts(lead=0, cols=())], FREE)
+    assert plan.candidates == 0  # no lead: no further candidates
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 12), st.floats(0, 1), st.floats(0, 1), st.integers(0, 3),
+                       st.floats(0, 2), st.integers(0, 4), st.floats(0, 1)), min_size=1, max_size=6),
+    st.floats(0.001, 0.05), st.floats(0, 0.005), st.floats(0, 0.005),
+)
+def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row):
+    options = [_opts(lead=l, p=p, q=q, cands=(3,) * c, cand_gain=g, cols=(2,) + (3,) * max(0, w - 1) if w else (),
+                     col_gain=cg) for l, p, q, c, g, w, cg in reqs]
+    cost = StepCost.linear(base, per_token, tree_row=per_row)
+    plans = plan_step(options, cost)
+    n = len(options)
+    expected, tokens, rows = float(n), n, 0
+    for o, plan in zip(options, plans):
+        assert 0 <= plan.lead <= o.lead and plan.candidates <= len(o.candidate_rows)
+        assert plan.window_columns <= len(o.window_column_rows)
+        assert plan.candidates == 0 or plan.lead > 0
+        expected += sum(o.lead_first * o.lead_next ** (i - 1) for i in range(1, plan.lead + 1))
+        expected += plan.candidates * o.candidate_gain + plan.window_columns * o.window_column_gain
+        extra = sum(o.candidate_rows[: plan.candidates]) + sum(o.window_column_rows[: plan.window_columns])
+        tokens += plan.lead + extra
+        # window column 0 below a bare root (no lead) is a chain: no tree rows
+        rows += extra - (o.window_column_rows[0] if plan.lead == 0 and plan.window_columns else 0)
+    # Every piece was added only if it raised expected tokens per second.
+    assert expected / cost.forward(tokens, rows) >= n / cost.forward(n) * (1 - 1e-9)
+
+
+# -- acceptance estimates ----------------------------------------------------------------------
+def test_acceptance_splits_first_and_next_tokens():
+    acc = Acceptance()
+    for _ in range(40):
+        acc.observe(lead=4, grown=False, lead_accepted=0, candidates=0, accepted=0, window_columns=0, window_accepted=0)
+    first, nxt = acc.lead_rates(grown=False)
+    assert first < 0.05 and abs(nxt - 0.7) < 1e-9  # next tokens were never tried
+    for _ in range(40):
+        acc.observe(lead=4, grown=True, lead_accepted=4, candidates=0, accepted=4, window_columns=0, window_accepted=0)
+    assert min(acc.lead_rates(grown=True)) > 0.95 and acc.lead_rates(grown=False)[0] < 0.05
+
+
+def _decode(state: RequestLookahead, text: list[int], cost: StepCost, start: int) -> tuple[int, list[int]]:
+    """Greedy decode ``text[start:]`` (the model's output, known in advance) with the rule at
+    batch 1; returns (forwards, lead tokens drafted per step)."""
+    history = list(text[:start])
+    steps, drafted = 0, []
+    while len(history) < len(text):
+        cands = state.step_candidates(history[-1], history[-3:])
+        (plan,) = plan_step([state.draft_options(cands)], cost)
+        draft = state.build(cands, lead=plan.lead, candidates=plan.candidates, window_columns=0)
+        truth = text[len(history):]
+        tree = draft.tree
+        argmax = np.full(tree.size, -1)
+        on = np.zeros(tree.size, bool)
+        on[0] = True
+        argmax[0] = truth[0]
+        for v in range(1, tree.size):
+            d = int(tree.depths[v])
+            if on[tree.parents[v]] and d <= len(truth) and tree.tokens[v] == truth[d - 1]:
+                on[v] = True
+                argmax[v] = truth[d] if d < len(truth) else -1
+        path, bonus = greedy_verify(tree, argmax)
+        new = [*tree.tokens[path].tolist(), bonus]
+        history += new
+        if tree.size > 1:
+            state.observe(draft, tree.size, argmax, new, history, path)
+        else:
+            state.catch_up(history)
+        steps += 1
+        drafted.append(draft.lead_tokens)
+    return steps, drafted
+
+
+def test_a_request_the_rule_stopped_drafting_drafts_again_when_its_text_repeats():
+    # Novel text first (the pools' guesses are all wrong: the rule stops drafting), then a
+    # loop: the left-out lead tokens are still checked against what the model emitted, so the
+    # rule sees them become right and drafts again.
+    rng = np.random.default_rng(0)
+    novel = [int(t) for t in rng.integers(100, 120, 200)]
+    loop = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] * 12
+    text = [50, 51, 52, *novel, *loop]
+    state = RequestLookahead(LookaheadConfig(), text[:3], seed=0)
+    cost = StepCost.linear(0.0193, 0.0007, tree_row=0.001)
+    steps, drafted = _decode(state, text, cost, 3)
+    novel_steps = drafted[:150]
+    assert sum(1 for d in novel_steps[50:] if d == 0) > 50  # mostly stopped drafting in the noise
+    assert max(drafted[-20:]) >= 8  # and long leads again in the loop
+    assert steps < len(text) - 3 - 60  # the loop was decoded several tokens per forward

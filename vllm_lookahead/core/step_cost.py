@@ -1,0 +1,128 @@
+"""What one target forward costs: ``t(tokens, tree rows)``, for the draft rule.
+
+Speculation pays only where the tokens it adds to a forward cost less than the
+tokens they are expected to save, and that trade depends on the hardware: on
+this project's 2-core CPU every token in a forward costs ~0.7 ms of GEMMs (a
+135M model, 1 token 20 ms, 32 tokens 43 ms), on an A100 a 7B model's forward
+is flat up to ~64-96 tokens (Medusa, Cai et al. 2024, Fig. 2; our roofline in
+:mod:`vllm_lookahead.bench.projection`).  :class:`StepCost` is the model the
+draft rule (:mod:`.draft_rule`) asks before every step:
+
+* **chain forwards** -- ``scale * chain(tokens)``: ``chain`` is piecewise linear
+  between profiled points (the engine times its own model at start-up,
+  :mod:`vllm_lookahead.engine.cost_profile`; a file can supply them instead),
+  extrapolated with the last segment's slope; ``scale`` is an exponentially
+  decayed ratio of measured to predicted time over the real decode steps that
+  carried no tree pass, so it follows what the profile leaves out (attention over
+  a growing context, the sampler, a busy machine);
+* **branching trees** add ``tree_step_seconds`` (a fixed price per step, given by a model
+  such as the GPU projection's launch count; 0 when profiled) and ``tree_row_seconds`` per draft row recomputed with the
+  tree mask (the eager tree-attention pass, :mod:`vllm_lookahead.engine.attention`,
+  plus the logits rows such trees need): a decayed ratio of the measured extra
+  time of tree steps over their tree rows.  It starts at ``tree_row_prior``; with
+  the default prior 0 the first branching steps served are the tree pass's profile.
+
+Pure Python; the numbers are seconds.  ``to_dict``/``from_dict`` write and read
+the model as JSON (``bench --replay --replay-cost``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass
+class StepCost:
+    """``forward(tokens, tree_rows)`` in seconds; refined by :meth:`observe` (see module docstring)."""
+
+    tokens: tuple[int, ...]       # profiled forward sizes, ascending, >= 1
+    seconds: tuple[float, ...]    # their measured time
+    tree_row_prior: float = 0.0   # seconds per tree row before any tree step was measured
+    tree_step_seconds: float = 0.0  # fixed cost of a step with any tree rows (a model's, not learnt)
+    decay: float = 0.95           # weight of the past per observation (~20 steps of memory)
+    _scale_num: float = field(default=0.0, repr=False)
+    _scale_den: float = field(default=0.0, repr=False)
+    _tree_extra: float = field(default=0.0, repr=False)
+    _tree_rows: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.seconds) or not self.tokens:
+            raise ValueError("StepCost needs one time per profiled size, at least one")
+        pairs = sorted(zip(self.tokens, self.seconds))
+        self.tokens = tuple(int(t) for t, _ in pairs)
+        self.seconds = tuple(float(s) for _, s in pairs)
+        if self.tokens[0] < 1 or len(set(self.tokens)) != len(self.tokens):
+            raise ValueError(f"profiled sizes must be distinct and >= 1, got {self.tokens}")
+
+    # -- the model ------------------------------------------------------------------
+    def chain(self, tokens: float) -> float:
+        """Profiled time of a forward of ``tokens`` tokens (no tree pass), before ``scale``."""
+        xs, ys = self.tokens, self.seconds
+        if len(xs) == 1:
+            return ys[0] * max(tokens, 1) / xs[0] if tokens > xs[0] else ys[0]
+        i = bisect.bisect_left(xs, tokens)
+        if i == 0:
+            return ys[0]
+        i = min(i, len(xs) - 1)  # past the last point: the last segment's slope
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    @property
+    def scale(self) -> float:
+        """Measured / profiled time of real chain steps (1.0 until one is measured)."""
+        return self._scale_num / self._scale_den if self._scale_den > 0 else 1.0
+
+    @property
+    def tree_row_seconds(self) -> float:
+        """Extra seconds per draft row recomputed with the tree mask."""
+        if self._tree_rows > 0:
+            return max(0.0, self._tree_extra / self._tree_rows)
+        return self.tree_row_prior
+
+    def forward(self, tokens: float, tree_rows: float = 0) -> float:
+        """Predicted seconds of a forward of ``tokens`` tokens, ``tree_rows`` of them in branching trees."""
+        t = self.scale * self.chain(tokens)
+        if tree_rows > 0:
+            t += self.tree_step_seconds + self.tree_row_seconds * tree_rows
+        return t
+
+    # -- learning from real steps --------------------------------------------------------
+    def observe(self, tokens: int, tree_rows: int, seconds: float) -> None:
+        """A decode step of ``tokens`` tokens (``tree_rows`` in branching trees) took ``seconds``."""
+        if tokens < 1 or seconds <= 0:
+            return
+        d = self.decay
+        if tree_rows <= 0:
+            self._scale_num = d * self._scale_num + seconds
+            self._scale_den = d * self._scale_den + self.chain(tokens)
+        else:
+            extra = seconds - self.scale * self.chain(tokens) - self.tree_step_seconds
+            self._tree_extra = d * self._tree_extra + extra
+            self._tree_rows = d * self._tree_rows + tree_rows
+
+    # -- files -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The model as measured so far (profile, scale folded in, tree cost), JSON-ready."""
+        return {
+            "tokens": list(self.tokens),
+            "seconds": [s * self.scale for s in self.seconds],
+            "tree_row_seconds": self.tree_row_seconds,
+            "tree_step_seconds": self.tree_step_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "StepCost":
+        return cls(tuple(raw["tokens"]), tuple(raw["seconds"]), tree_row_prior=float(raw.get("tree_row_seconds", 0.0)),
+                   tree_step_seconds=float(raw.get("tree_step_seconds", 0.0)))
+
+    @classmethod
+    def linear(cls, base: float, per_token: float, tree_row: float = 0.0, up_to: int = 256) -> "StepCost":
+        """``base + per_token * tokens`` (tests, projections)."""
+        return cls((1, up_to), (base + per_token, base + per_token * up_to), tree_row_prior=tree_row)
+
+    def describe(self, sizes: Sequence[int] = (1, 8, 32)) -> str:
+        parts = ", ".join(f"{n} tok {1e3 * self.forward(n):.1f} ms" for n in sizes)
+        return (f"{parts}; trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
+                f"+{1e3 * self.tree_row_seconds:.2f} ms per row")
