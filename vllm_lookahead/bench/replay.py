@@ -204,10 +204,10 @@ def replay_cost(name: str) -> StepCost:
     """The forward-cost model ``--replay-cost`` names: "cpu" (this project's CPU profile),
     "a100"/"h100" (the roofline of bench/projection.py), or a JSON file (``StepCost.to_dict``)."""
     from vllm_lookahead.bench import projection
-    from vllm_lookahead.engine.cost_profile import FALLBACK
+    from vllm_lookahead.engine.cost_profile import fallback_cost
 
     if name == "cpu":
-        return StepCost(FALLBACK.tokens, FALLBACK.seconds)
+        return fallback_cost()
     if name in ("a100", "h100"):
         return projection.step_cost(projection.A100 if name == "a100" else projection.H100)
     return StepCost.from_dict(json.loads(Path(name).read_text()))

@@ -52,7 +52,13 @@ class StepCost:
             raise ValueError("StepCost needs one time per profiled size, at least one")
         pairs = sorted(zip(self.tokens, self.seconds))
         self.tokens = tuple(int(t) for t, _ in pairs)
-        self.seconds = tuple(float(s) for _, s in pairs)
+        # A forward never gets cheaper with more tokens: timing noise between nearby small
+        # sizes (best-of-few) must not make the rule believe a draft saves time.
+        monotone, top = [], 0.0
+        for _, sec in pairs:
+            top = max(top, float(sec))
+            monotone.append(top)
+        self.seconds = tuple(monotone)
         if self.tokens[0] < 1 or len(set(self.tokens)) != len(self.tokens):
             raise ValueError(f"profiled sizes must be distinct and >= 1, got {self.tokens}")
 

@@ -43,7 +43,7 @@ from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.attention import unsupported_feature
-from vllm_lookahead.engine.cost_profile import FALLBACK, profile_forward_cost
+from vllm_lookahead.engine.cost_profile import fallback_cost, profile_forward_cost
 from vllm_lookahead.engine.draft_step import draft_room, window_seed
 from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
@@ -160,7 +160,7 @@ class RunnerLookahead:
     def step_cost(self) -> StepCost:
         """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
         if self.cost is None:
-            self.cost = StepCost(FALLBACK.tokens, FALLBACK.seconds)
+            self.cost = fallback_cost()
         return self.cost
 
     # -- step hooks, in the order vLLM calls them -----------------------------------------
