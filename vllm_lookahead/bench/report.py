@@ -7,15 +7,17 @@ Per method and workload (a prompt category at batch 1, or a concurrency level):
   runner's ``execute_model`` calls).  With more, every forward of a request
   yields exactly one token that was not a draft, so its forwards = generated -
   accepted drafts (vLLM's ``vllm:generation_tokens`` and
-  ``vllm:spec_decode_num_accepted_tokens``) -- which overstates MAT a little:
-  vLLM counts drafts accepted on a request's last step even where they fall past
-  ``max_tokens`` or after the stop token and are discarded (measured at batch 1
-  on 2026-11-22: lookahead 2.89 by counters against 2.81 by forwards on
-  MT-bench, 4.15 against 3.96 on code).
-* **acceptance** -- accepted draft tokens / draft tokens sent to the target.  For
-  lookahead every tree node counts as a draft token (window and all candidates),
-  so this is much lower than for a linear drafter at the same MAT.
-* **draft/step** -- draft tokens per drafting step (tree or chain size).
+  ``vllm:spec_decode_num_accepted_tokens``).  For vLLM's own methods that
+  overstates MAT a little: vLLM counts drafts accepted on a request's last step
+  even where they fall past ``max_tokens`` or after the stop token and are
+  discarded (measured at batch 1 on 2026-11-22: lookahead, then counted the same
+  way, 2.89 by counters against 2.81 by forwards on MT-bench).  Lookahead's
+  counters count kept tokens only (:mod:`vllm_lookahead.engine.spec_metrics`).
+* **acceptance** -- accepted draft tokens / draft tokens.  For lookahead a draft
+  token is a position of the tree's depth (what a chain of that depth would have
+  sent; :mod:`vllm_lookahead.engine.spec_metrics`), so it reads as for a linear drafter.
+* **draft/step** -- draft tokens the target ran per drafting step: the chain's
+  length, or for lookahead the tree's node count (window and all candidates).
 * **tok/s** -- generated tokens / wall time of the workload; **speedup** is the
   ratio to no speculation, repeat by repeat; reported as mean and [min, max].
 * **TTFT** -- mean time from adding a request to its first token.
@@ -97,6 +99,12 @@ def _r(x: float, nd: int = 2) -> float | str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
 
 
+def _draft_nodes(runs: list[dict], drafted: float) -> float:
+    """Draft tokens the target ran: lookahead's tree nodes where it counted them, else vLLM's count."""
+    nodes = _sum(runs, "counters", "lookahead_draft_tokens")
+    return nodes if nodes else drafted
+
+
 def _sum(runs: list[dict], section: str, key: str) -> float:
     return sum(float(r[section].get(key, 0.0)) for r in runs)
 
@@ -143,7 +151,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     tokens=tokens,
                     mat=mean_accepted_tokens({"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc}),
                     acceptance=acc / drafted if drafted else math.nan,
-                    draft_per_step=drafted / drafts if drafts else 0.0,
+                    draft_per_step=_draft_nodes(runs, drafted) / drafts if drafts else 0.0,
                     tok_s=mean(_tps(r) for r in runs),
                     speedup=mean(ratios) if ratios else math.nan,
                     speedup_min=min(ratios) if ratios else math.nan,

@@ -144,3 +144,7 @@ class SharedPools:
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
         for pool in self.pools.values():
             pool.add_sequence(tokens, start=start, source=Source.SHARED)
+
+    @property
+    def num_ngrams(self) -> int:
+        return sum(len(pool) for pool in self.pools.values())

@@ -112,6 +112,11 @@ class RequestLookahead:
     def _text_pools(self) -> list[NgramPool]:
         return [*self.context_pools, self.pool]
 
+    @property
+    def pool_ngrams(self) -> int:
+        """N-grams this request's pools hold (O(pools), not O(pool size))."""
+        return sum(len(pool) for pool in self._text_pools())
+
     def _lookup_pools(self) -> list[NgramPool]:
         """The pools candidates are looked up in: longest context first; at each context length
         this request's own pool, then the shared one."""

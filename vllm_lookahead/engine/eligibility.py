@@ -41,6 +41,30 @@ def draft_blocker(sp: Any) -> str | None:
     return None
 
 
+# draft_blocker's reasons (and the engine-wide one) as the ``reason`` label of
+# ``vllm:lookahead_undrafted_requests`` (:mod:`.prometheus`); the other labels are the runner's:
+# ``no_room`` (max_tokens / max_model_len / a thinking budget leave no room), ``batch_full``
+# (the draft rule or the cap gave the batch no drafts), ``no_candidate`` (nothing worth drafting).
+_LABELS = {
+    "no sampling parameters": "pooling",
+    "min_p": "min_p",
+    "logit_bias": "logit_bias",
+    "logprob_token_ids": "logprob_token_ids",
+    "custom logits processors": "logits_processors",
+}
+
+
+UNDRAFTED_REASONS = (*_LABELS.values(), "no_room", "batch_full", "no_candidate")
+
+
+def reason_label(reason: str) -> str:
+    """The metric label of a reason :func:`draft_blocker` (or the runner) gave."""
+    for prefix, label in _LABELS.items():
+        if reason.startswith(prefix):
+            return label
+    return "other"
+
+
 def is_greedy(sp: Any) -> bool:
     return sp.temperature < _EPS
 

@@ -19,9 +19,9 @@ read for this table).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
-from vllm_lookahead.engine import attention, startup
+from vllm_lookahead.engine import attention, spec_metrics, startup
 from vllm_lookahead.engine.patching import Patch, PatchSet, apply, applied_record
 from vllm_lookahead.engine.runner import RunnerLookahead, current_tree_batch
 
@@ -77,6 +77,58 @@ def _sample(original: Callable) -> Callable:
         return out if out is not None else original(self, logits, spec_decode_metadata)
 
     return patched
+
+
+def _sample_tokens(original: Callable) -> Callable:
+    def patched(self, grammar_output):
+        output = original(self, grammar_output)
+        la = RunnerLookahead.of(self)
+        # Not on vLLM's shared empty output (no step ran: the report waits for the next one).
+        if la is not None and getattr(output, "sampled_token_ids", None):
+            output.lookahead_report = la.take_report()  # an attribute: pickled with the output
+        return output
+
+    return patched
+
+
+def _update_from_output(original: Callable) -> Callable:
+    def patched(self, scheduler_output, model_runner_output):
+        report = model_runner_output.__dict__.pop("lookahead_report", None)
+        if report is None:
+            return original(self, scheduler_output, model_runner_output)
+        counted = spec_metrics.before_step(scheduler_output, model_runner_output)
+        outputs = original(self, scheduler_output, model_runner_output)
+        spec_metrics.finish_step(self, scheduler_output, report, counted, outputs)
+        return outputs
+
+    return patched
+
+
+def add_scheduler_stats_field() -> None:
+    """``vllm.v1.metrics.stats:SchedulerStats`` gains a field ``lookahead: dict | None``.
+
+    Why: the engine core sends its per-step stats to the API server as a msgspec-encoded
+    ``SchedulerStats``, which carries declared fields only; lookahead's counters
+    (:mod:`.spec_metrics`) need a field of their own to reach the stat logger plugin
+    (:mod:`.prometheus`).  Declared in every process (the plugin loads in each) before the
+    first encoder/decoder is built; an end that lacks it drops it (msgspec ignores unknown
+    fields, the default is None), so a mismatch loses our metrics, never vLLM's.
+    """
+    import dataclasses
+
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    if SCHEDULER_STATS_FIELD in SchedulerStats.__dataclass_fields__:
+        return
+    f = dataclasses.field(default=None)
+    f.name, f.type = SCHEDULER_STATS_FIELD, Optional[dict[str, Any]]
+    f._field_type = dataclasses._FIELD  # type: ignore[attr-defined]  # what @dataclass sets on fields
+    SchedulerStats.__dataclass_fields__[SCHEDULER_STATS_FIELD] = f
+    SchedulerStats.__annotations__[SCHEDULER_STATS_FIELD] = Optional[dict[str, Any]]
+    setattr(SchedulerStats, SCHEDULER_STATS_FIELD, None)
+
+
+SCHEDULER_STATS_FIELD = "lookahead"
 
 
 def _input_fits_in_drafter(original: Callable) -> Callable:
@@ -179,6 +231,19 @@ PATCHES: tuple[Patch, ...] = (
         _sample,
     ),
     Patch(
+        f"{RUNNER}:GPUModelRunner.sample_tokens", ("self", "grammar_output"),
+        "hand the step's lookahead facts (tree depths and sizes, accepted tokens by source, reasons for "
+        "no draft, propose/verify time) to the scheduler with vLLM's output, in whatever process it runs",
+        _sample_tokens,
+    ),
+    Patch(
+        "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", ("self", "scheduler_output", "model_runner_output"),
+        "vLLM counts every tree node as a draft token and accepted tokens before cutting them at max_tokens/"
+        "EOS/stop ids: the spec-decode stats (and per-request metrics) are rebuilt with tree depths and emitted "
+        "tokens, and lookahead's own stats are attached for the API server (engine/spec_metrics.py)",
+        _update_from_output,
+    ),
+    Patch(
         f"{RUNNER}:GPUModelRunner._input_fits_in_drafter", ("self", "common_attn_metadata"),
         "vLLM drops every request's drafts when one is near max_model_len; the lookahead proposer trims per request",
         _input_fits_in_drafter,
@@ -223,8 +288,11 @@ INSTALLED = PatchSet()  # what this process applied (tests may undo it)
 
 
 def install() -> PatchSet:
-    """Apply :data:`PATCHES` (idempotent; safe in every vLLM process)."""
-    return INSTALLED.apply(PATCHES)
+    """Apply :data:`PATCHES` (idempotent; safe in every vLLM process) and declare the
+    ``SchedulerStats`` field (:func:`add_scheduler_stats_field`)."""
+    applied = INSTALLED.apply(PATCHES)
+    add_scheduler_stats_field()
+    return applied
 
 
 def install_attention(backend: str) -> None:
@@ -270,6 +338,8 @@ def markdown_table() -> str:
         lines.append(f"| `{patch.target}` | plugin load | {patch.reason} |")
     for backend, patch in ATTENTION_PATCHES.items():
         lines.append(f"| `{patch.target}` | KV cache ready, backend {backend} | {patch.reason} |")
+    lines.append(f"| `vllm.v1.metrics.stats:SchedulerStats` (a field `{SCHEDULER_STATS_FIELD}` added) | plugin load | "
+                 + " ".join(add_scheduler_stats_field.__doc__.split("Why: ", 1)[1].split("\n\n")[0].split()) + " |")
     return "\n".join(lines)
 
 

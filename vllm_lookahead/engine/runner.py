@@ -48,7 +48,7 @@ from vllm_lookahead.engine.draft_step import draft_room, window_seed
 from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
 from vllm_lookahead.engine.proposer import LookaheadProposer
-from vllm_lookahead.engine.stats import LookaheadStats
+from vllm_lookahead.engine.stats import LookaheadStats, StepReport
 from vllm_lookahead.engine.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
 from vllm_lookahead.engine.verify_step import StepOutcome, sample_one_row_per_request, verify_step
@@ -86,6 +86,7 @@ class RunnerLookahead:
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
+        self.report = StepReport()  # this step's facts for the scheduler (taken with vLLM's output)
         self._warned: set[str] = set()
         # Engine-wide reason not to draft: custom logits processors cannot be replayed per tree node.
         custom = getattr(runner.model_config, "logits_processors", None)
@@ -223,7 +224,10 @@ class RunnerLookahead:
                 # such as min_p/logit_bias, which lookahead lets through; its
                 # thinking-budget holder would use the speculative row layout).
                 runner.input_batch.update_async_output_token_ids()
-                return sample_one_row_per_request(runner.sampler, logits, runner.input_batch.sampling_metadata)
+                t0 = time.perf_counter()
+                out = sample_one_row_per_request(runner.sampler, logits, runner.input_batch.sampling_metadata)
+                self._time_verify(runner.input_batch.num_reqs, 0, time.perf_counter() - t0)
+                return out
             return None
         if batch.needs_tree_attention and batch.tree_attention_layers == 0:
             raise RuntimeError(
@@ -236,9 +240,13 @@ class RunnerLookahead:
         output, outcomes = verify_step(runner, logits, batch)
         for req_id, outcome in outcomes.items():
             self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path)
+            self.report.on_verified(req_id, outcome)
             if outcome.draft is not None:
                 self.outcomes[req_id] = outcome
-        self.stats.verify_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.verify_seconds += seconds
+        self.report.verify_seconds += seconds
+        self._time_verify(runner.input_batch.num_reqs, sum(tr.num_nodes - 1 for tr in batch.requests), seconds)
         self.stats.maybe_log()
         return output
 
@@ -252,6 +260,11 @@ class RunnerLookahead:
         start, tokens, rows = clock
         self.step_cost().observe(tokens, rows, time.perf_counter() - start)
 
+    def _time_verify(self, requests: int, draft_tokens: int, seconds: float) -> None:
+        """Feed the cost model this step's sampling/verification time (``verify_in_cost``)."""
+        if self.config.cost_rule and self.config.verify_in_cost:
+            self.step_cost().observe_verify(requests, draft_tokens, seconds)
+
     def propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
@@ -262,6 +275,7 @@ class RunnerLookahead:
         budget = self.config.draft_budget(decoding)
         can_draft = budget != 0 and (budget is not None or self._any_draft_pays(decoding))
         drafts: list[list[int]] = []
+        undrafted = self.report.undrafted
         wanted: list[tuple[int, str, RequestLookahead, StepCandidates, bool, int, Any]] = []
         for i, req_id in enumerate(runner.input_batch.req_ids):
             drafts.append([])
@@ -271,6 +285,8 @@ class RunnerLookahead:
             if not new_tokens or (not can_draft and outcome is None):
                 # Nothing to draft this step (no new token, or a batch too full for drafts):
                 # the pools catch up on the skipped tokens when the request drafts again.
+                if new_tokens:
+                    undrafted[req_id] = "batch_full"
                 continue
             num_tokens = int(num_tokens_no_spec[i])
             history = token_ids_cpu[i, :num_tokens]
@@ -287,9 +303,11 @@ class RunnerLookahead:
             else:
                 state.catch_up(history)
             if not can_draft:
+                undrafted[req_id] = "batch_full"
                 continue
-            room, thinking = self._room(i, req_state, new_tokens, history, budget)
+            room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
             if room <= 0:
+                undrafted[req_id] = reason
                 continue
             sp = req_state.sampling_params
             chain = eligibility.chain_only(sp)  # structured output: vLLM masks chain positions only
@@ -316,11 +334,14 @@ class RunnerLookahead:
                 # No marker token in a draft (a prefix of a tree in topological order is a tree).
                 tokens = tokens[: thinking.cut(tokens)]
             if not tokens:
+                undrafted[req_id] = "no_candidate"
                 continue
             self.pending[req_id] = draft
             self.stats.on_propose(draft)
             drafts[i] = tokens
-        self.stats.propose_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.stats.propose_seconds += seconds
+        self.report.propose_seconds += seconds
         return drafts
 
     def _any_draft_pays(self, decoding: int) -> bool:
@@ -329,12 +350,13 @@ class RunnerLookahead:
         if decoding <= 0:
             return False
         cost = self.step_cost()
-        base = cost.forward(decoding)
-        return base > decoding * (cost.forward(decoding + 1) - base)
+        base = cost.step(decoding)
+        return base > decoding * (cost.step(decoding + 1, 0, 1) - base)
 
     def _room(self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray,
-              budget: int | None) -> tuple[int, ThinkingLimit | None]:
-        """Draft nodes the request may carry next step, and its thinking-budget limit if any."""
+              budget: int | None) -> tuple[int, ThinkingLimit | None, str]:
+        """Draft nodes the request may carry next step, its thinking-budget limit if any, and
+        the reason (a metric label) when there is no room."""
         sp = req_state.sampling_params
         num_output = len(req_state.output_token_ids)
         reason = self.blocked or eligibility.draft_blocker(sp)
@@ -345,7 +367,15 @@ class RunnerLookahead:
         if thinking is not None and room > 0:
             limit = thinking.room(i, num_output, len(history) - num_output, new_tokens)
             room = room if limit is None else min(room, limit)
-        return room, thinking
+        return room, thinking, eligibility.reason_label(reason) if reason is not None else "no_room"
+
+    def take_report(self) -> dict:
+        """This step's :class:`StepReport` as plain data for the scheduler, and a fresh one."""
+        report, self.report = self.report, StepReport()
+        report.pool_ngrams = sum(state.pool_ngrams for state in self.requests.values())
+        if self.shared is not None:
+            report.pool_ngrams += self.shared.num_ngrams
+        return report.payload()
 
     def thinking_limit(self) -> ThinkingLimit | None:
         """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,

@@ -10,6 +10,13 @@ output or window n-grams) and how long proposing and verification took.
 
 :func:`live_stats` finds the counters of this process's runner; the benchmark,
 whose engine runs in-process, reads them around each run (:meth:`LookaheadStats.snapshot`).
+
+:class:`StepReport` is what one step tells the scheduler (the worker may live in another
+process: it rides on vLLM's ``ModelRunnerOutput``): per verified tree its depth, size,
+candidates, whether the window ran and the sources of its accepted path; per request left
+without a draft, why; propose/verify time and the pools' size.  The scheduler side
+(:mod:`.spec_metrics`) cuts accepted tokens to what the request really emitted and passes the
+result on to the API server's stat logger (:mod:`.prometheus`).
 """
 
 from __future__ import annotations
@@ -99,6 +106,41 @@ class LookaheadStats:
             1e3 * self.verify_seconds / self.steps,
             1e3 * self.propose_seconds / self.steps,
         )
+
+
+@dataclass
+class StepReport:
+    """One step's lookahead facts for the scheduler (see the module docstring)."""
+
+    # req_id -> (depth, nodes, candidates, window ran 0/1, sources of the accepted path, in path order)
+    trees: dict[str, tuple[int, int, int, int, list[int]]] = field(default_factory=dict)
+    undrafted: dict[str, str] = field(default_factory=dict)  # req_id -> reason its next step has no draft
+    propose_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    pool_ngrams: int = -1  # n-grams held by the live requests' pools (+ the shared pool); -1: not measured
+
+    def on_verified(self, req_id: str, outcome) -> None:
+        """A verified tree (:class:`~vllm_lookahead.engine.verify_step.StepOutcome`)."""
+        draft = outcome.draft
+        n = int(outcome.num_nodes)
+        if draft is None:  # a foreign chain: depth = nodes
+            self.trees[req_id] = (n - 1, n - 1, 0, 0, [0] * outcome.num_accepted)
+            return
+        depth = int(draft.tree.depths[:n].max()) if n > 1 else 0
+        start = draft.window_start
+        window = int(start is not None and start < n)
+        sources = [int(s) for s in draft.sources[outcome.path]] if draft.sources is not None else [0] * len(outcome.path)
+        self.trees[req_id] = (depth, n - 1, int(draft.num_candidates), window, sources)
+
+    def payload(self) -> dict:
+        """Plain Python containers (pickled to the scheduler's process with vLLM's output)."""
+        return {
+            "trees": self.trees,
+            "undrafted": self.undrafted,
+            "propose_seconds": self.propose_seconds,
+            "verify_seconds": self.verify_seconds,
+            "pool_ngrams": self.pool_ngrams,
+        }
 
 
 def live_stats() -> LookaheadStats | None:
