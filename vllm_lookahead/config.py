@@ -86,12 +86,6 @@ class LookaheadConfig(BaseModel):
         "accepted step up to this and falls back to N-1 at a miss (values <= N-1: the paper, "
         "candidates of N-1 tokens)",
     )
-    verify_in_cost: bool = Field(
-        True,
-        description="with max_tokens_per_step 'auto': the draft rule counts the plugin's verification "
-        "time per draft token (learnt on the running engine; sampled rows cost most) in a step's "
-        "cost, besides the forward (false: the forward only)",
-    )
     max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
         "auto",
         description="'auto': the cost-aware draft rule chooses each step's lead length, candidates "

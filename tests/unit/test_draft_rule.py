@@ -34,29 +34,6 @@ def test_observed_steps_set_the_scale_and_the_tree_row_price():
     assert abs(again.forward(20, 10) - cost.forward(20, 10)) < 1e-6
 
 
-def test_verification_time_per_draft_token_is_learnt_and_priced():
-    cost = StepCost((1, 32), (0.020, 0.043))
-    for _ in range(50):
-        cost.observe_verify(4, 0, 0.002)  # steps without drafts: 0.5 ms to sample a row per request
-    assert abs(cost.sample_row_seconds - 0.0005) < 1e-9
-    for _ in range(50):
-        cost.observe_verify(4, 10, 0.002 + 10 * 0.0003)  # drafted steps: +0.3 ms per draft token
-    assert abs(cost.verify_row_seconds - 0.0003) < 1e-9
-    assert abs(cost.step(14, 0, 10) - (cost.forward(14) + 0.003)) < 1e-12
-    assert abs(StepCost.from_dict(cost.to_dict()).verify_row_seconds - 0.0003) < 1e-12
-
-
-def test_dear_verification_drafts_less():
-    # the same forward; verifying a draft token costs nothing, then as much as 0.8 ms
-    cheap = StepCost.linear(0.0193, 0.0007)
-    dear = StepCost.linear(0.0193, 0.0007)
-    dear.verify_row_prior = 0.0008
-    opts = [_opts(p=0.3, q=0.6, cands=(), cols=()) for _ in range(4)]  # sampled-like acceptance, 4 in flight
-    drafted_cheap = sum(p.lead for p in plan_step(opts, cheap))
-    drafted_dear = sum(p.lead for p in plan_step(opts, dear))
-    assert drafted_cheap > drafted_dear
-
-
 # -- the rule -------------------------------------------------------------------------------
 def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1) -> DraftOptions:
     return DraftOptions(lead, p, q, tuple(cands), cand_gain, tuple(cols), col_gain)

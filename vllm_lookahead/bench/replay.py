@@ -111,7 +111,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], make: Callable[[list[in
         steps += 1
         drafted += tree.size - 1
         if cost is not None:
-            seconds += cost.step(tree.size, tree_rows(tree), tree.size - 1)
+            seconds += cost.forward(tree.size, tree_rows(tree))
     return len(output), steps, drafted, seconds
 
 

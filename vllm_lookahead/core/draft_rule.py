@@ -6,7 +6,7 @@ of the Jacobi window to run, to maximise the expected tokens per second of that
 step:
 
     maximise  E / T,   E = sum_r (1 + expected accepted tokens of r's draft)
-                       T = StepCost.step(tokens in the forward, rows in branching trees, draft tokens)
+                       T = StepCost.forward(tokens in the forward, rows in branching trees)
 
 (the forward-cost model :class:`~.step_cost.StepCost` is the hardware's; the
 expected acceptance is each request's own, :class:`Acceptance`).  It starts from
@@ -144,8 +144,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     tokens = float(n if base_tokens is None else base_tokens)
     tree_rows = 0.0
     expected = float(n)
-    base = tokens
-    time = cost.step(max(tokens, 1.0))
+    time = cost.forward(max(tokens, 1.0))
     lead = [0] * n
     cands = [0] * n
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
@@ -158,7 +157,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
         gain = -neg_gain
-        dt = cost.step(tokens + 1, tree_rows, tokens + 1 - base) - time
+        dt = cost.forward(tokens + 1, tree_rows) - time
         if gain * time <= expected * dt:
             continue  # this request's longer lead gains even less
         lead[r] = i
@@ -198,7 +197,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
         e, tok, rows_tree = expected, tokens, tree_rows
         for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
             e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
-            ratio = e / cost.step(tok, rows_tree, tok - base)
+            ratio = e / cost.forward(tok, rows_tree)
             if ratio > best:
                 best, best_at = ratio, k
         if best_at == 0:
@@ -211,7 +210,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
             tokens += rows
             tree_rows += 0 if chain else rows
             expected += gain
-        time = cost.step(tokens, tree_rows, tokens - base)
+        time = cost.forward(tokens, tree_rows)
     return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
 
 

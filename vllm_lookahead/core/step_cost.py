@@ -20,14 +20,7 @@ draft rule (:mod:`.draft_rule`) asks before every step:
   tree mask (the eager tree-attention pass, :mod:`vllm_lookahead.engine.attention`,
   plus the logits rows such trees need): a decayed ratio of the measured extra
   time of tree steps over their tree rows.  It starts at ``tree_row_prior``; with
-  the default prior 0 the first branching steps served are the tree pass's profile;
-* **verification** adds ``verify_row_seconds`` per draft token: the plugin's own work
-  after the forward (target distributions and sampling rule per draft node, KV
-  compaction) -- small for greedy rows, ~0.2-0.4 ms per sampled row on this CPU,
-  which the forward profile does not see.  Learnt like the tree price: the
-  measured verification time of a drafted step less ``sample_row_seconds`` per
-  request (what sampling one row per request costs on steps without drafts),
-  over its draft tokens.  :meth:`step` is forward + verification.
+  the default prior 0 the first branching steps served are the tree pass's profile.
 
 Pure Python; the numbers are seconds.  ``to_dict``/``from_dict`` write and read
 the model as JSON (``bench --replay --replay-cost``).
@@ -53,11 +46,6 @@ class StepCost:
     _scale_den: float = field(default=0.0, repr=False)
     _tree_extra: float = field(default=0.0, repr=False)
     _tree_rows: float = field(default=0.0, repr=False)
-    verify_row_prior: float = 0.0  # seconds per draft token of verification before any is measured
-    _sample_num: float = field(default=0.0, repr=False)
-    _sample_den: float = field(default=0.0, repr=False)
-    _verify_extra: float = field(default=0.0, repr=False)
-    _verify_rows: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
@@ -99,35 +87,6 @@ class StepCost:
             return max(0.0, self._tree_extra / self._tree_rows)
         return self.tree_row_prior
 
-    @property
-    def sample_row_seconds(self) -> float:
-        """Seconds to sample one row per request on a step without drafts (0 until measured)."""
-        return self._sample_num / self._sample_den if self._sample_den > 0 else 0.0
-
-    @property
-    def verify_row_seconds(self) -> float:
-        """Extra verification seconds per draft token."""
-        if self._verify_rows > 0:
-            return max(0.0, self._verify_extra / self._verify_rows)
-        return self.verify_row_prior
-
-    def step(self, tokens: float, tree_rows: float = 0, draft_tokens: float = 0) -> float:
-        """Predicted seconds of a step: the forward and the verification of ``draft_tokens``."""
-        return self.forward(tokens, tree_rows) + self.verify_row_seconds * draft_tokens
-
-    def observe_verify(self, requests: int, draft_tokens: int, seconds: float) -> None:
-        """Sampling/verification of one step took ``seconds`` for ``requests`` requests carrying
-        ``draft_tokens`` draft tokens in all (0: a step sampled one row per request)."""
-        if requests < 1 or seconds <= 0:
-            return
-        d = self.decay
-        if draft_tokens <= 0:
-            self._sample_num = d * self._sample_num + seconds
-            self._sample_den = d * self._sample_den + requests
-        else:
-            self._verify_extra = d * self._verify_extra + seconds - self.sample_row_seconds * requests
-            self._verify_rows = d * self._verify_rows + draft_tokens
-
     def forward(self, tokens: float, tree_rows: float = 0) -> float:
         """Predicted seconds of a forward of ``tokens`` tokens, ``tree_rows`` of them in branching trees."""
         t = self.scale * self.chain(tokens)
@@ -157,14 +116,12 @@ class StepCost:
             "seconds": [s * self.scale for s in self.seconds],
             "tree_row_seconds": self.tree_row_seconds,
             "tree_step_seconds": self.tree_step_seconds,
-            "verify_row_seconds": self.verify_row_seconds,
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "StepCost":
         return cls(tuple(raw["tokens"]), tuple(raw["seconds"]), tree_row_prior=float(raw.get("tree_row_seconds", 0.0)),
-                   tree_step_seconds=float(raw.get("tree_step_seconds", 0.0)),
-                   verify_row_prior=float(raw.get("verify_row_seconds", 0.0)))
+                   tree_step_seconds=float(raw.get("tree_step_seconds", 0.0)))
 
     @classmethod
     def linear(cls, base: float, per_token: float, tree_row: float = 0.0, up_to: int = 256) -> "StepCost":
@@ -174,5 +131,4 @@ class StepCost:
     def describe(self, sizes: Sequence[int] = (1, 8, 32)) -> str:
         parts = ", ".join(f"{n} tok {1e3 * self.forward(n):.1f} ms" for n in sizes)
         return (f"{parts}; trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
-                f"+{1e3 * self.tree_row_seconds:.2f} ms per row; verification +{1e3 * self.verify_row_seconds:.2f} ms "
-                "per draft token")
+                f"+{1e3 * self.tree_row_seconds:.2f} ms per row")

@@ -224,10 +224,7 @@ class RunnerLookahead:
                 # such as min_p/logit_bias, which lookahead lets through; its
                 # thinking-budget holder would use the speculative row layout).
                 runner.input_batch.update_async_output_token_ids()
-                t0 = time.perf_counter()
-                out = sample_one_row_per_request(runner.sampler, logits, runner.input_batch.sampling_metadata)
-                self._time_verify(runner.input_batch.num_reqs, 0, time.perf_counter() - t0)
-                return out
+                return sample_one_row_per_request(runner.sampler, logits, runner.input_batch.sampling_metadata)
             return None
         if batch.needs_tree_attention and batch.tree_attention_layers == 0:
             raise RuntimeError(
@@ -243,10 +240,11 @@ class RunnerLookahead:
             self.report.on_verified(req_id, outcome)
             if outcome.draft is not None:
                 self.outcomes[req_id] = outcome
+            else:
+                self.stats.foreign_drafts += 1
         seconds = time.perf_counter() - t0
         self.stats.verify_seconds += seconds
         self.report.verify_seconds += seconds
-        self._time_verify(runner.input_batch.num_reqs, sum(tr.num_nodes - 1 for tr in batch.requests), seconds)
         self.stats.maybe_log()
         return output
 
@@ -259,11 +257,6 @@ class RunnerLookahead:
             torch.cuda.synchronize(logits.device)
         start, tokens, rows = clock
         self.step_cost().observe(tokens, rows, time.perf_counter() - start)
-
-    def _time_verify(self, requests: int, draft_tokens: int, seconds: float) -> None:
-        """Feed the cost model this step's sampling/verification time (``verify_in_cost``)."""
-        if self.config.cost_rule and self.config.verify_in_cost:
-            self.step_cost().observe_verify(requests, draft_tokens, seconds)
 
     def propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
@@ -337,7 +330,7 @@ class RunnerLookahead:
                 undrafted[req_id] = "no_candidate"
                 continue
             self.pending[req_id] = draft
-            self.stats.on_propose(draft)
+            self.stats.on_propose(draft, len(tokens))
             drafts[i] = tokens
         seconds = time.perf_counter() - t0
         self.stats.propose_seconds += seconds
@@ -350,8 +343,8 @@ class RunnerLookahead:
         if decoding <= 0:
             return False
         cost = self.step_cost()
-        base = cost.step(decoding)
-        return base > decoding * (cost.step(decoding + 1, 0, 1) - base)
+        base = cost.forward(decoding)
+        return base > decoding * (cost.forward(decoding + 1) - base)
 
     def _room(self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray,
               budget: int | None) -> tuple[int, ThinkingLimit | None, str]:

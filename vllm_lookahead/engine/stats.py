@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,11 +44,19 @@ class LookaheadStats:
     accepted_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
     verify_seconds: float = 0.0  # plugin CPU time in verification + KV compaction
     propose_seconds: float = 0.0
+    drafts_proposed: int = 0     # trees handed to vLLM
+    draft_digest: int = 0        # CRC-32 of every tree proposed (tokens and parents), in order
+    foreign_drafts: int = 0      # scheduled drafts that were not this worker's own tree (run as chains)
     log_interval_s: float = 30.0
     _last_log: float = field(default_factory=time.monotonic)
 
-    def on_propose(self, draft) -> None:
+    def on_propose(self, draft, sent: int) -> None:
+        """A tree proposed, of which the first ``sent`` draft tokens went to vLLM."""
         self.candidate_ngrams += int(draft.num_candidates)
+        self.drafts_proposed += 1
+        tree = draft.tree
+        self.draft_digest = zlib.crc32(tree.parents[: sent + 1].tobytes(),
+                                       zlib.crc32(tree.tokens[: sent + 1].tobytes(), self.draft_digest))
 
     def on_verified(self, num_drafts: int, num_accepted: int, draft=None, path: np.ndarray | None = None) -> None:
         """One tree verified: ``num_drafts`` nodes run (root excluded), ``num_accepted`` accepted.
@@ -141,6 +150,16 @@ class StepReport:
             "verify_seconds": self.verify_seconds,
             "pool_ngrams": self.pool_ngrams,
         }
+
+
+def rank_drafts(worker=None) -> dict[str, int]:
+    """What this worker process drafted (for ``LLM.collective_rpc``: every tensor-parallel rank
+    must have built the very same trees, and run only its own)."""
+    stats = live_stats()
+    if stats is None:
+        return {}
+    return {"drafts": stats.drafts_proposed, "digest": stats.draft_digest, "foreign": stats.foreign_drafts,
+            "steps": stats.steps, "window_steps": stats.window_steps, "accepted": stats.accepted_tokens}
 
 
 def live_stats() -> LookaheadStats | None:
