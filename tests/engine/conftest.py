@@ -58,6 +58,7 @@ CAPACITY = 3
 ORDER = (
     "test_startup.py",
     "test_toy_exactness.py",
+    "test_edge_cases.py",
     "test_toy_sampling_features.py",
     "test_sampling_stats.py::test_toy",
     "test_bench_cli.py",
