@@ -64,6 +64,7 @@ ORDER = (
     "test_bench_cli.py",
     "test_metrics_server.py",
     "test_tensor_parallel.py",
+    "test_bad_requests.py",
     "test_serve.py",
     "test_real_exactness.py",
     "test_sampling_stats.py::test_real",
