@@ -5,7 +5,9 @@ Every rank runs its own proposer; the scheduler sends rank 0's draft tokens to a
 each rank lays out, verifies and compacts its own tree.  Ranks that drafted differently would
 attend with different masks and compact different KV slots, so the test reads each rank's
 drafts through ``collective_rpc`` (a running digest of every draft proposed, and how many
-scheduled drafts did not match the rank's own tree) and requires them equal and zero.
+scheduled drafts did not match the rank's own tree) and requires them equal and zero -- after
+greedy requests and after sampled ones (unseeded and seeded), whose verification draws random
+numbers on every rank.
 The bundled SmolLM2 has 9 attention heads and cannot be split in two; a toy Llama with 4 query and
 2 KV heads can (branching trees with the window, so the tree-attention pass runs on each shard).
 """
@@ -49,6 +51,11 @@ def test_tensor_parallel_2_is_exact_and_ranks_draft_alike(tp_model, monkeypatch)
     try:
         got = engine.generate(prompts, MAX_TOKENS, batch=4)
         metrics = engine.metrics()
+        # sampled requests, unseeded and seeded: each rank verifies with its own random draws,
+        # which must agree (vLLM seeds every rank alike), or the ranks' trees would part
+        engine.generate(prompts, MAX_TOKENS, batch=4, temperature=0.8)
+        engine.generate(prompts, MAX_TOKENS, batch=4, per_prompt=tuple({"seed": 7 + i} for i in range(4)),
+                        temperature=1.0, top_p=0.9)
         ranks = engine.llm.collective_rpc(rank_drafts)
     finally:
         engine.close()
