@@ -9,7 +9,9 @@ scheduled drafts did not match the rank's own tree) and requires them equal and 
 greedy requests and after sampled ones (unseeded and seeded), whose verification draws random
 numbers on every rank.
 The bundled SmolLM2 has 9 attention heads and cannot be split in two; a toy Llama with 4 query and
-2 KV heads can (branching trees with the window, so the tree-attention pass runs on each shard).
+2 KV heads can.  The default config runs: the cost-aware draft rule (on the toy model, whose forward
+costs the same from 1 to 64 tokens, it drafts leads, candidates and window columns, so the
+tree-attention pass runs on each shard), with one forward-cost model agreed by the ranks.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import TOY_TREE, Engine, compare, specbench_questions
+from harness import Engine, compare, specbench_questions
 
 pytestmark = pytest.mark.engine
 
@@ -47,7 +49,8 @@ def test_tensor_parallel_2_is_exact_and_ranks_draft_alike(tp_model, monkeypatch)
         base.close()
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank (vLLM refuses otherwise here)
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a function
-    engine = Engine(tp_model, TOY_TREE, tensor_parallel_size=2)
+    # the default config: the cost-aware draft rule, whose choices must not follow per-rank timing
+    engine = Engine(tp_model, {"method": "lookahead"}, tensor_parallel_size=2)
     try:
         got = engine.generate(prompts, MAX_TOKENS, batch=4)
         metrics = engine.metrics()

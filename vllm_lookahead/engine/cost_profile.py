@@ -71,6 +71,37 @@ def profile_forward_cost(runner: Any) -> StepCost:
     return cost
 
 
+def agree_across_ranks(cost: StepCost) -> tuple[StepCost, bool]:
+    """``(cost model, shared)``: under tensor parallelism the same model on every rank.
+
+    Each rank runs its own draft rule and every rank must build the very same trees (the
+    scheduler sends one rank's draft tokens to all; each rank verifies and compacts its own
+    tree), so the rule may not depend on per-rank timing.  With more than one rank the ranks'
+    profiles are combined (the slowest rank's time per size, one all-reduce over vLLM's CPU
+    group at start-up) and the caller freezes the model (no learning from local step times).
+    """
+    try:
+        import torch.distributed as dist
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+    except Exception:  # noqa: BLE001 -- no distributed state (single process): nothing to agree on
+        return cost, False
+    if group.world_size <= 1:
+        return cost, False
+    values = torch.full((len(PROFILE_SIZES),), -1.0, dtype=torch.float64)
+    for n, sec in zip(cost.tokens, cost.seconds):
+        if n in PROFILE_SIZES:
+            values[PROFILE_SIZES.index(n)] = sec
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group.cpu_group)
+    sizes = [(n, float(v)) for n, v in zip(PROFILE_SIZES, values.tolist()) if v > 0]
+    shared = StepCost(tuple(n for n, _ in sizes), tuple(v for _, v in sizes), tree_row_prior=cost.tree_row_prior,
+                      tree_step_seconds=cost.tree_step_seconds)
+    logger.info("lookahead: %d tensor-parallel ranks share one forward-cost model (slowest rank per size), "
+                "not refined by local step times", group.world_size)
+    return shared, True
+
+
 def _sync(device: Any) -> None:
     if getattr(device, "type", str(device)) == "cuda":
         torch.cuda.synchronize(device)

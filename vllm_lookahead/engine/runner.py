@@ -43,7 +43,7 @@ from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.attention import unsupported_feature
-from vllm_lookahead.engine.cost_profile import fallback_cost, profile_forward_cost
+from vllm_lookahead.engine.cost_profile import agree_across_ranks, fallback_cost, profile_forward_cost
 from vllm_lookahead.engine.draft_step import draft_room, window_seed
 from vllm_lookahead.engine import eligibility
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
@@ -76,6 +76,7 @@ class RunnerLookahead:
         # "auto": the cost-aware draft rule sizes every step (core/draft_rule.py) with this
         # forward-cost model, profiled in setup_kv and refined by every decode step.
         self.cost: StepCost | None = None
+        self.cost_frozen = False  # tensor parallel: one model for all ranks, not refined per rank
         self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this forward
         self.requests: dict[str, RequestLookahead] = {}
         cfg = self.config
@@ -155,7 +156,7 @@ class RunnerLookahead:
             )
         self.kv = PagedKV(backend, caches, block_size)
         if self.config.cost_rule:
-            self.cost = profile_forward_cost(runner)
+            self.cost, self.cost_frozen = agree_across_ranks(profile_forward_cost(runner))
         return backend
 
     def step_cost(self) -> StepCost:
@@ -251,7 +252,7 @@ class RunnerLookahead:
     def _time_forward(self, logits: torch.Tensor) -> None:
         """Feed the cost model the forward that just ran (decode-only steps)."""
         clock, self._step_clock = self._step_clock, None
-        if clock is None:
+        if clock is None or self.cost_frozen:
             return
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
