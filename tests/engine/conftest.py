@@ -8,6 +8,9 @@
   own collectors back in the registry when it hands that engine out again.
 * :class:`Baselines`: no-speculation results, computed once per (model, settings,
   prompts, params) in the pool's no-speculation engine.
+* ``toy_servers``: two OpenAI servers on the toy model (lookahead and no speculation, see
+  ``servers.py``) for the server tests; started on first use, stopped after the last test
+  that asks for them.
 * The test order groups the tests that share engines (``ORDER``): toy model first, then
   the bundled model.
 """
@@ -62,9 +65,10 @@ ORDER = (
     "test_toy_sampling_features.py",
     "test_sampling_stats.py::test_toy",
     "test_bench_cli.py",
-    "test_metrics_server.py",
-    "test_tensor_parallel.py",
+    "test_metrics_server.py",  # the first three share the toy servers (``toy_servers``)
     "test_bad_requests.py",
+    "test_soak.py",
+    "test_tensor_parallel.py",
     "test_serve.py",
     "test_real_exactness.py",
     "test_sampling_stats.py::test_real",
@@ -82,6 +86,41 @@ def pytest_collection_modifyitems(config, items):
     engine_items = [it for it in items if "tests/engine" in str(it.fspath)]
     others = [it for it in items if "tests/engine" not in str(it.fspath)]
     items[:] = others + sorted(engine_items, key=rank)  # stable: file order within a group
+
+
+_TOY_SERVERS: dict = {}  # name -> servers.Server while the session's toy servers run
+_LAST_TOY_SERVER_USER: list[str] = []  # node id of the last selected test asking for them
+
+
+def pytest_collection_finish(session):
+    users = [it.nodeid for it in session.items if "toy_servers" in getattr(it, "fixturenames", ())]
+    _LAST_TOY_SERVER_USER[:] = users[-1:]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _LAST_TOY_SERVER_USER and item.nodeid == _LAST_TOY_SERVER_USER[0]:
+        for server in _TOY_SERVERS.values():  # free their memory for the bundled model's engines
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def toy_servers(toy_model, tmp_path_factory):
+    """{"lookahead": Server, "none": Server}: ``servers.TOY_SPEC`` (with per-request spec-decode
+    metrics) and no speculation, same settings otherwise."""
+    from servers import TOY_ARGS, TOY_SPEC, Server, start_all
+
+    log_dir = tmp_path_factory.mktemp("toy-servers")
+    servers = {
+        "lookahead": Server("lookahead", toy_model, TOY_SPEC, [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary"],
+                            log_dir),
+        "none": Server("none", toy_model, None, TOY_ARGS, log_dir),
+    }
+    _TOY_SERVERS.update(servers)
+    start_all(list(servers.values()))
+    yield servers
+    for server in servers.values():
+        server.stop()
+    _TOY_SERVERS.clear()
 
 
 class EnginePool:

@@ -2,73 +2,30 @@
 without speculation -- the same 4xx status for every malformed request, never an engine crash --
 and a client that disconnects mid-stream leaves the server healthy and exact.
 
-Two toy-model servers side by side: lookahead (branching trees + window) and no speculation.
+The session's two toy-model servers side by side (``toy_servers``): lookahead (full trees and the
+window on every step) and no speculation.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from servers import TOY_MAX_MODEL_LEN as MAX_MODEL_LEN
+from servers import TOY_NAME as MODEL
 
 pytestmark = pytest.mark.engine
 
-SPEC = {"method": "lookahead", "window_size": 3, "ngram_size": 4, "guess_set_size": 5, "max_tokens_per_step": 0}
-MAX_MODEL_LEN = 512
-MODEL = "toy"
 PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def servers(toy_model, tmp_path_factory):
-    """{"lookahead": base_url, "none": base_url}, started together."""
-    procs, bases, logs = {}, {}, {}
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    try:
-        for name, spec in (("lookahead", SPEC), ("none", None)):
-            port = _free_port()
-            logs[name] = tmp_path_factory.mktemp(name) / "server.log"
-            args = [sys.executable, "-m", "vllm_lookahead.cli", "serve", toy_model, "--port", str(port), "--host",
-                    "127.0.0.1", "--served-model-name", MODEL, "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN)]
-            if spec is not None:
-                args += ["--speculative-config", json.dumps(spec)]
-            with open(logs[name], "w") as out:
-                procs[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env)
-            bases[name] = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 600
-        for name, base in bases.items():
-            while True:
-                if procs[name].poll() is not None:
-                    pytest.fail(f"{name} server exited:\n{logs[name].read_text()[-4000:]}")
-                try:
-                    urllib.request.urlopen(base + "/health", timeout=2).close()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        pytest.fail(f"{name} server did not come up")
-                    time.sleep(1)
-        yield bases, procs
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def servers(toy_servers):
+    """({"lookahead": base_url, "none": base_url}, {name: Popen}) -- the session's toy servers."""
+    return {n: s.base for n, s in toy_servers.items()}, {n: s.proc for n, s in toy_servers.items()}
 
 
 def _post(base: str, path: str, body: bytes) -> tuple[int, dict | str]:
@@ -133,7 +90,7 @@ def test_client_dropping_a_stream_leaves_the_server_healthy_and_exact(servers):
         assert r.status == 200
     # then a plain request, and one whose prompt + max_tokens exceed max_model_len (vLLM accepts
     # it and stops at the limit): the same answers as without speculation
-    for body in (_completion(max_tokens=64, temperature=0), _completion(prompt=[5] * 500, max_tokens=100, temperature=0)):
+    for body in (_completion(max_tokens=64, temperature=0), _completion(prompt=[5] * (MAX_MODEL_LEN - 12), max_tokens=100, temperature=0)):
         answers = {}
         for name, base in bases.items():
             status, answer = _post(base, "/v1/completions", body)

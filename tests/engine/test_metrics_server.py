@@ -2,8 +2,8 @@
 the tokens the client received, and every query of the shipped Grafana dashboard
 (``deploy/grafana/vllm_lookahead.json``) returns data from a real Prometheus scraping the server.
 
-A toy-model server (full trees with the window, per-request spec-decode metrics on; one API
-server, then two) serves
+A toy-model server (full trees with the window, per-request spec-decode metrics on; the
+session's shared one with one API server, then one with two) serves
 OpenAI chat and completion requests, streaming and not, through the ``openai`` client;
 ``/metrics`` is read before and after.  Prometheus is Debian's ``prometheus`` package, installed
 here if missing (the test is skipped, saying why, only when it cannot be installed).
@@ -15,29 +15,21 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+from servers import TOY_ARGS, TOY_NAME, TOY_SPEC, Server, free_port, metric_total, start_all
 
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "vllm_lookahead.json"
-SPEC = {"method": "lookahead", "max_tokens_per_step": 0}  # full trees + window every step
-MODEL_NAME = "toy"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+MODEL_NAME = TOY_NAME
+total = metric_total
 
 
 def _wait_http(url: str, proc: subprocess.Popen, seconds: float, log: Path) -> None:
@@ -61,27 +53,23 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-# One API server, and two: then vLLM runs prometheus_client in multiprocess mode and an engine
-# core's stats reach one of the API servers, whichever process serves /metrics.
+# One API server (the session's shared toy server: full trees + window every step, per-request
+# spec-decode metrics on), and two: then vLLM runs prometheus_client in multiprocess mode and an
+# engine core's stats reach one of the API servers, whichever process serves /metrics.
 @pytest.fixture(scope="module", params=[1, 2], ids=["api-servers-1", "api-servers-2"])
 def server(request, toy_model, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_lookahead.cli", "serve", toy_model, "--port", str(port),
-             "--host", "127.0.0.1", "--served-model-name", MODEL_NAME, "--speculative-config", json.dumps(SPEC),
-             "--enforce-eager", "--max-model-len", "1024", "--per-request-spec-decode-metrics", "summary",
-             "--api-server-count", str(request.param)],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )
-    base = f"http://127.0.0.1:{port}"
+    if request.param == 1:
+        shared = request.getfixturevalue("toy_servers")["lookahead"]
+        yield shared.base, shared.proc, shared.log
+        return
+    own = Server("lookahead-2-api-servers", toy_model, TOY_SPEC,
+                 [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary", "--api-server-count", "2"],
+                 tmp_path_factory.mktemp("server"))
     try:
-        _wait_http(base + "/v1/models", proc, 600, log)
-        yield base, proc, log
+        start_all([own])
+        yield own.base, own.proc, own.log
     finally:
-        _stop(proc)
+        own.stop()
 
 
 def scrape(base: str) -> dict[str, float]:
@@ -94,17 +82,6 @@ def scrape(base: str) -> dict[str, float]:
             series, value = line.rsplit(" ", 1)
             out[series] = float(value)
     return out
-
-
-def total(metrics: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of a metric's series whose labels include ``labels``."""
-    s = 0.0
-    for series, value in metrics.items():
-        if series.split("{", 1)[0] != name:
-            continue
-        if all(f'{k}="{v}"' in series for k, v in labels.items()):
-            s += value
-    return s
 
 
 def _send_requests(base: str) -> list[dict]:
@@ -239,7 +216,7 @@ def _start_prometheus(base: str, workdir: Path):
     binary = _prometheus_binary()
     if binary is None:
         return None
-    port = _free_port()
+    port = free_port()
     target = base.removeprefix("http://")
     config = workdir / "prometheus.yml"
     config.write_text(
@@ -320,5 +297,5 @@ def test_dashboard_keeps_vllm_spec_decode_panels():
                  "vllm:lookahead_accepted_tokens_total", "vllm:lookahead_undrafted_requests_total",
                  "vllm:lookahead_tokens_per_forward", "vllm:lookahead_draft_tokens_per_step",
                  "vllm:lookahead_candidates_per_step", "vllm:lookahead_window_steps_total",
-                 "vllm:lookahead_pool_ngrams", "vllm:lookahead_propose_seconds", "vllm:lookahead_verify_seconds"):
+                 "vllm:lookahead_pool_ngrams", "vllm:lookahead_request_states", "vllm:lookahead_propose_seconds", "vllm:lookahead_verify_seconds"):
         assert name in exprs, name

@@ -137,6 +137,9 @@ STRESS = dict(
 )
 
 
+STRESS_SPEC = {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4, **FULL}
+
+
 def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines, engines):
     prompts = toy_prompts(toy_model, 16)
     long_prompt = (sum(prompts, []) * 4)[:470]  # 470 + 96 > max_model_len 512: stops at the limit
@@ -145,7 +148,7 @@ def test_toy_stress_chunked_prefill_prefix_cache_preemption(toy_model, baselines
     # then the two longest prompts again, one after the other: the second hits the prefix cache
     again = sorted(prompts, key=len)[-1:] * 2
     base_again = baselines.get(toy_model, STRESS, again, 96, batch=1)
-    engine = engines.get(toy_model, {"method": "lookahead", "window_size": 4, "ngram_size": 4, "guess_set_size": 4, **FULL}, **STRESS)
+    engine = engines.get(toy_model, STRESS_SPEC, **STRESS)
     before = engine.metrics()
     got = engine.generate(prompts, 96, batch=25)
     got_again = engine.generate(again, 96, batch=1)
@@ -195,4 +198,23 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines, engines):
             for w, g in zip(want, got):
                 n = min(len(w.logprobs), len(g.logprobs))
                 assert n and all(abs(a - b) <= 1e-4 for a, b in zip(w.logprobs[:n], g.logprobs[:n])), (w.logprobs, g.logprobs)
+    assert not failures, "\n".join(failures)
+
+
+def test_seeded_requests_with_chunked_prefill_keep_the_engine_alive(toy_model, baselines, engines):
+    """vLLM 0.32 on CPU kills its engine when a seeded request's prompt is prefilled in chunks (it
+    rewinds the request's generator by a CUDA-only offset; engine/seeded_prefill.py): with lookahead
+    -- whose drafts make chunked prefills frequent -- such requests are served, and the engine stays
+    exact for the next ones."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = toy_prompts(toy_model, 16)
+    long_prompts = [(sum(prompts[k:], []) * 4)[: 250 + 40 * k] for k in range(6)]  # > the 96-token budget
+    engine = engines.get(toy_model, STRESS_SPEC, **STRESS)
+    sps = [SamplingParams(temperature=0.8, seed=100 + k, max_tokens=24) for k in range(6)]
+    results = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in long_prompts], sps, use_tqdm=False)
+    assert [len(r.outputs[0].token_ids) for r in results] == [24] * 6
+    expected = baselines.get(toy_model, STRESS, prompts[:8], 48, batch=8)
+    report, failures = compare(expected, engine.generate(prompts[:8], 48, batch=8), "after seeded chunked prefills")
     assert not failures, "\n".join(failures)

@@ -178,3 +178,27 @@ def test_a_runner_subclass_overriding_a_patched_method_is_refused(real_vllm_root
 
     with pytest.raises(RuntimeError, match="overrides _prepare_inputs"):
         patches.check_runner_class(Overriding)
+
+
+def test_discarded_rows_cpu_generators_are_hidden_for_the_step_and_put_back():
+    """engine/seeded_prefill.py: the generator of a row whose sample vLLM discards is out of the
+    table while vLLM samples (so nothing is drawn from it and vLLM's CUDA-only rewind cannot run)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from vllm_lookahead.engine import seeded_prefill
+
+    gens = {0: torch.Generator().manual_seed(1), 2: torch.Generator().manual_seed(2), 3: torch.Generator().manual_seed(3)}
+    state = {i: g.get_state().clone() for i, g in gens.items()}
+    runner = SimpleNamespace(input_batch=SimpleNamespace(generators=dict(gens), num_reqs=4),
+                             discard_request_mask=SimpleNamespace(np=np.array([True, True, False, True, True])))
+    hidden = seeded_prefill.hide_discarded_generators(runner)
+    assert set(hidden) == {0, 3} and set(runner.input_batch.generators) == {2}  # row 4 is past num_reqs
+    seeded_prefill.restore_generators(runner, hidden)
+    assert runner.input_batch.generators == gens
+    assert all(torch.equal(g.get_state(), state[i]) for i, g in gens.items())
+    empty = SimpleNamespace(input_batch=SimpleNamespace(generators={}, num_reqs=1),
+                            discard_request_mask=SimpleNamespace(np=np.array([True])))
+    assert seeded_prefill.hide_discarded_generators(empty) == {}

@@ -39,6 +39,7 @@ def _step(level: str = "detailed"):
         "trees": {"A": (3, 7, 2, 1, [P, W, W]), "B": (4, 4, 1, 0, [O, O, O, O])},
         "undrafted": {"C": "min_p"},
         "propose_seconds": 0.002, "verify_seconds": 0.003, "pool_ngrams": 42,
+        "request_states": 3,
     }
     sched_out = SimpleNamespace(scheduled_spec_decode_tokens={"A": [1] * 7, "B": [1] * 4}, num_invalid_spec_tokens=None)
     runner_out = SimpleNamespace(sampled_token_ids=[[5, 6, 7, 8], [5, 6, 7, 8, 9], [3]],
@@ -94,6 +95,8 @@ def test_lookahead_payload_reaches_scheduler_stats():
     assert data["window_steps"] == 1 and data["drafts"] == 2
     assert data["undrafted"] == {"min_p": 1}
     assert data["pool_ngrams"] == 42 and data["verify_seconds"] == 0.003
+    # the worker's count as reported; the scheduler's reason table lost B and C as they finished
+    assert data["request_states"] == {"worker": 3, "scheduler": 1}
 
 
 def test_scheduler_stats_field_survives_msgspec():
@@ -108,20 +111,28 @@ def test_scheduler_stats_field_survives_msgspec():
     assert got.spec_decoding_stats.num_draft_tokens == 7
 
 
-def test_undrafted_reason_table_is_bounded_and_counts_aborted_requests():
+def test_undrafted_reason_table_frees_aborted_requests_on_the_next_step():
     from vllm.v1.metrics.stats import SchedulerStats
 
-    scheduler = SimpleNamespace(num_spec_tokens=8, log_stats=True, spec_decode_metrics_level="none", requests={})
+    scheduler = SimpleNamespace(num_spec_tokens=8, log_stats=True, spec_decode_metrics_level="none",
+                                requests={"live": object()})
     gone = {}
-    for step in range(200):  # requests reported undrafted, then aborted (never reach an output)
-        sched_out = SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None)
+
+    def step(report):
         stats = SchedulerStats()
-        spec_metrics.finish_step(scheduler, sched_out, {"undrafted": {f"r{step}": "batch_full"}}, {},
-                                 {0: SimpleNamespace(outputs=[], scheduler_stats=stats)})
+        spec_metrics.finish_step(scheduler, SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None),
+                                 report, {}, {0: SimpleNamespace(outputs=[], scheduler_stats=stats)})
         for k, v in stats.lookahead["undrafted"].items():
             gone[k] = gone.get(k, 0) + v
-        assert len(scheduler._lookahead_undrafted) <= 65
-    assert gone["batch_full"] + len(scheduler._lookahead_undrafted) == 200
+        return stats.lookahead["request_states"]["scheduler"]
+
+    for k in range(200):  # each request is reported undrafted while live, then aborted (it never reaches an output)
+        scheduler.requests[f"r{k}"] = object()
+        held = step({"undrafted": {f"r{k}": "batch_full", "live": "min_p"}})
+        assert held == 2  # "live" and r{k}: r{k-1}, aborted since the last step, was freed by this one
+        del scheduler.requests[f"r{k}"]
+    assert step({}) == 1  # the last aborted one freed: only the live request left
+    assert gone == {"batch_full": 200}
 
 
 def test_step_report_of_a_tree_outcome():
@@ -161,6 +172,8 @@ def test_stat_logger_exports_lookahead_metrics():
         assert get("vllm:lookahead_window_steps_total") == 1 and get("vllm:lookahead_drafted_steps_total") == 2
         assert get("vllm:lookahead_undrafted_requests_total", reason="min_p") == 1
         assert get("vllm:lookahead_pool_ngrams") == 42
+        assert get("vllm:lookahead_request_states", holder="worker") == 3
+        assert get("vllm:lookahead_request_states", holder="scheduler") == 1
         assert get("vllm:lookahead_verify_seconds_count") == 1
         # inert without lookahead
         other = prometheus.LookaheadStatLogger(SimpleNamespace(speculative_config=None, model_config=config.model_config))

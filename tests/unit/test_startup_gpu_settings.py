@@ -10,6 +10,7 @@ decision in tests/engine/test_startup.py.)
 from __future__ import annotations
 
 import logging
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ pytest.importorskip("vllm")
 
 from vllm.config.compilation import CUDAGraphMode  # noqa: E402
 
+from vllm_lookahead.config import LookaheadConfig  # noqa: E402
 from vllm_lookahead.engine import startup  # noqa: E402
 from vllm_lookahead.engine.startup import LookaheadStartupError, tree_safe_cudagraph_mode  # noqa: E402
 
@@ -83,9 +85,12 @@ def test_spec_method_flag_is_accepted():
     assert args.spec_method is None and args.speculative_config["method"] == "custom_class"
 
 
-def _vllm_config(**parallel):
+def _vllm_config(max_num_batched_tokens=2048, max_model_len=2048, spec=None, **parallel):
     return SimpleNamespace(
         speculative_config=SimpleNamespace(model=startup.PROPOSER_PATH),
+        additional_config={"lookahead": LookaheadConfig.from_user_dict(spec or {}).model_dump()},
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
         use_v2_model_runner=False,
         attention_config=SimpleNamespace(hisparse_config=None),
         parallel_config=SimpleNamespace(pipeline_parallel_size=1, decode_context_parallel_size=1, **parallel),
@@ -125,3 +130,21 @@ def test_the_worker_refuses_full_cuda_graphs_that_reach_it():
     )
     with pytest.raises(NotImplementedError, match="FULL_AND_PIECEWISE.*PIECEWISE"):
         owner.setup_kv()
+
+
+def test_configs_whose_largest_step_cannot_fit_the_engine_are_refused():
+    """1 + max_draft_tokens must fit max_num_batched_tokens, and max_model_len must leave room
+    for the largest tree after a one-token prompt; the line says which limit and what to set."""
+    spec = {"window_size": 4, "ngram_size": 4, "guess_set_size": 4, "max_lead_tokens": 8}
+    need = 1 + LookaheadConfig.from_user_dict(spec).max_draft_tokens
+    startup.check_engine_config(_vllm_config(max_num_batched_tokens=need, max_model_len=need + 1, spec=spec))
+    for settings, needle in (
+        (dict(max_num_batched_tokens=need - 1), f"--max-num-batched-tokens is {need - 1}: raise it to >= {need}"),
+        (dict(max_model_len=need), f"--max-model-len {need} leaves at most {need - 2} draft positions: raise it to >= {need + 1}"),
+    ):
+        with pytest.raises(LookaheadStartupError, match=re.escape(needle)) as err:
+            startup.check_engine_config(_vllm_config(spec=spec, **settings))
+        assert "\n" not in str(err.value) and "window_size 4" in str(err.value)
+    with pytest.raises(LookaheadStartupError) as err:  # both at once: both named, one line
+        startup.check_engine_config(_vllm_config(max_num_batched_tokens=16, max_model_len=16))
+    assert "--max-num-batched-tokens" in str(err.value) and "--max-model-len" in str(err.value)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from vllm_lookahead.engine import attention, spec_metrics, startup
+from vllm_lookahead.engine import attention, seeded_prefill, spec_metrics, startup
 from vllm_lookahead.engine.patching import Patch, PatchSet, apply, applied_record
 from vllm_lookahead.engine.runner import RunnerLookahead, current_tree_batch
 
@@ -81,8 +81,13 @@ def _sample(original: Callable) -> Callable:
 
 def _sample_tokens(original: Callable) -> Callable:
     def patched(self, grammar_output):
-        output = original(self, grammar_output)
         la = RunnerLookahead.of(self)
+        hidden = seeded_prefill.hide_discarded_generators(self) if la is not None else {}
+        try:
+            output = original(self, grammar_output)
+        finally:
+            if hidden:
+                seeded_prefill.restore_generators(self, hidden)
         # Not on vLLM's shared empty output (no step ran: the report waits for the next one).
         if la is not None and getattr(output, "sampled_token_ids", None):
             output.lookahead_report = la.take_report()  # an attribute: pickled with the output
@@ -233,7 +238,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         f"{RUNNER}:GPUModelRunner.sample_tokens", ("self", "grammar_output"),
         "hand the step's lookahead facts (tree depths and sizes, accepted tokens by source, reasons for "
-        "no draft, propose/verify time) to the scheduler with vLLM's output, in whatever process it runs",
+        "no draft, propose/verify time) to the scheduler with vLLM's output, in whatever process it runs; "
+        "and keep vLLM's engine alive on CPU when a seeded request's prefill is chunked (vLLM rewinds its "
+        "generator by a CUDA-only offset: engine/seeded_prefill.py)",
         _sample_tokens,
     ),
     Patch(

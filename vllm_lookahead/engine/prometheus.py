@@ -20,6 +20,9 @@ the engine core from what the workers reported) becomes, in vLLM's naming and la
                                                        ``reason`` (min_p, logit_bias, ..., no_room,
                                                        batch_full, no_candidate)
 ``vllm:lookahead_pool_ngrams``              gauge      n-grams in the live requests' pools
+``vllm:lookahead_request_states``           gauge      requests with lookahead state, by ``holder``
+                                                       (worker, scheduler): follows the running
+                                                       requests if finished/aborted ones are freed
 ``vllm:lookahead_propose_seconds``          histogram  plugin time proposing, per engine step
 ``vllm:lookahead_verify_seconds``           histogram  plugin time verifying + compacting KV, per step
 ==========================================  =========  ============================================
@@ -100,6 +103,11 @@ class _Metrics:
                                  "Finished requests that never had a draft, by reason.", [*base, "reason"])
         self.pool = Gauge(PREFIX + "pool_ngrams", "N-grams held by the live requests' pools.", base,
                           multiprocess_mode="mostrecent")
+        self.states = Gauge(PREFIX + "request_states",
+                            "Requests lookahead holds per-request state for, by holder (worker: pools, windows, "
+                            "drafts; scheduler: the undrafted-reason table). Tracks running requests when "
+                            "finished and aborted ones are freed.", [*base, "holder"],
+                            multiprocess_mode="mostrecent")
         self.propose = Histogram(PREFIX + "propose_seconds", "Plugin time spent proposing drafts, per engine step.",
                                  base, buckets=_SECOND_BUCKETS)
         self.verify = Histogram(PREFIX + "verify_seconds",
@@ -119,6 +127,8 @@ class _Metrics:
             self.accepted.labels(*labels, source)
         for reason in UNDRAFTED_REASONS:
             self.undrafted.labels(*labels, reason)
+        for holder in ("worker", "scheduler"):
+            self.states.labels(*labels, holder)
         for m in (self.draft_tokens, self.tokens, self.candidates, self.window_steps, self.drafted_steps,
                   self.pool, self.propose, self.verify):
             m.labels(*labels)
@@ -138,6 +148,9 @@ class _Metrics:
             self.undrafted.labels(*labels, reason).inc(n)
         if data.get("pool_ngrams", -1) >= 0:
             self.pool.labels(*labels).set(data["pool_ngrams"])
+        for holder, n in data.get("request_states", {}).items():
+            if n >= 0:
+                self.states.labels(*labels, holder).set(n)
         if data.get("drafts") or data.get("propose_seconds"):
             self.propose.labels(*labels).observe(float(data.get("propose_seconds", 0.0)))
             self.verify.labels(*labels).observe(float(data.get("verify_seconds", 0.0)))

@@ -369,7 +369,14 @@ class RunnerLookahead:
         report.pool_ngrams = sum(state.pool_ngrams for state in self.requests.values())
         if self.shared is not None:
             report.pool_ngrams += self.shared.num_ngrams
+        report.request_states = self.num_request_states
         return report.payload()
+
+    @property
+    def num_request_states(self) -> int:
+        """Requests this worker keeps anything for (a pool and window, a pending draft or an
+        outcome): the live ones only, once :meth:`forget` has run for finished and aborted ones."""
+        return len(self.requests.keys() | self.pending.keys() | self.outcomes.keys())
 
     def thinking_limit(self) -> ThinkingLimit | None:
         """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,

@@ -22,7 +22,8 @@ It then hands the step's lookahead facts (:class:`~vllm_lookahead.engine.stats.S
 cut the same way) to the API server inside ``SchedulerStats`` (the ``lookahead`` field the
 patch table adds), where :mod:`.prometheus` exports them.  The state kept here is one reason
 label per live request never drafted so far (for ``vllm:lookahead_undrafted_requests``), pruned
-as requests leave.
+as requests leave (aborted ones, which never reach an output, on the next step); its size is
+exported as ``vllm:lookahead_request_states{holder="scheduler"}``.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def finish_step(scheduler: Any, scheduler_output: Any, report: dict, vllm_counte
         "propose_seconds": float(report.get("propose_seconds", 0.0)),
         "verify_seconds": float(report.get("verify_seconds", 0.0)),
         "pool_ngrams": int(report.get("pool_ngrams", -1)),
+        "request_states": {"worker": int(report.get("request_states", -1)), "scheduler": len(state)},
     }
 
 
@@ -122,7 +124,10 @@ def _track_undrafted(scheduler: Any, scheduler_output: Any, reasons: dict[str, s
             state[req_id] = reason
     gone: Counter[str] = Counter()
     live = scheduler.requests
-    if len(state) > 2 * len(live) + 64:  # aborted requests never reach an output: drop them here
+    # Every entry is a request that was live when it was added and is popped when its output
+    # finishes it; one more entry than live requests means some left without an output
+    # (aborted): drop those now.  A scan of at most the live requests plus this step's aborts.
+    if len(state) > len(live):
         for req_id in [r for r in state if r not in live]:
             reason = state.pop(req_id)
             if reason:

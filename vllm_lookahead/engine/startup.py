@@ -17,7 +17,9 @@ before vLLM's code (:func:`prepare_engine_args`)
 after vLLM's code (:func:`check_engine_config`)
     the finished ``VllmConfig`` is refused, with the setting to change, when the
     plugin's V1-runner patches would silently not run or not be right: Model
-    Runner V2, pipeline parallelism, decode context parallelism, FULL CUDA graphs.
+    Runner V2, pipeline parallelism, decode context parallelism, FULL CUDA graphs --
+    and a lookahead config whose largest step cannot fit the engine's
+    ``max_num_batched_tokens`` or ``max_model_len`` (:func:`step_size_problems`).
 
 Model Runner V2 (``vllm/v1/worker/gpu/``) is vLLM's default on GPU; vLLM 0.32 and
 0.33 (``VllmConfig.use_v2_model_runner``, identical in both) fall back to the V1
@@ -159,10 +161,44 @@ def engine_config_problems(vllm_config: Any) -> list[str]:
     return problems
 
 
+def step_size_problems(cfg: LookaheadConfig, max_num_batched_tokens: int | None, max_model_len: int | None) -> list[str]:
+    """Why the config's largest step (the last token + ``cfg.max_draft_tokens``) can never run
+    whole under these engine limits, each naming the limit and what to change.
+
+    Per step the proposer still trims each request's tree to the token budget left in the batch
+    and to the room before ``max_model_len`` (so a long request near the limit keeps decoding);
+    what is refused here is a configuration whose trees could *never* be run as configured.
+    The smallest request has a one-token prompt: its first decode step has
+    ``max_model_len - 2`` positions left for drafts.
+    """
+    need = 1 + cfg.max_draft_tokens
+    shape = (f"window_size {cfg.window_size}, ngram_size {cfg.ngram_size}, guess_set_size "
+             f"{cfg.guess_set_size}, max_lead_tokens {cfg.max_lead_tokens}")
+    shrink = "or shrink window_size / guess_set_size / ngram_size / max_lead_tokens"
+    problems = []
+    if max_num_batched_tokens and need > max_num_batched_tokens:
+        problems.append(
+            f"the largest lookahead step is {need} tokens ({shape}) but --max-num-batched-tokens is "
+            f"{max_num_batched_tokens}: raise it to >= {need} {shrink}"
+        )
+    if max_model_len and need + 1 > max_model_len:
+        problems.append(
+            f"the largest lookahead step is {need} tokens ({shape}) but --max-model-len {max_model_len} "
+            f"leaves at most {max_model_len - 2} draft positions: raise it to >= {need + 1} {shrink}"
+        )
+    return problems
+
+
 def check_engine_config(vllm_config: Any) -> None:
     """After vLLM built its config: raise :class:`LookaheadStartupError` listing every problem."""
     if not is_lookahead_config(getattr(vllm_config, "speculative_config", None)):
         return
     problems = engine_config_problems(vllm_config)
+    scheduler, model = getattr(vllm_config, "scheduler_config", None), getattr(vllm_config, "model_config", None)
+    problems += step_size_problems(
+        LookaheadConfig.from_vllm_config(vllm_config),
+        getattr(scheduler, "max_num_batched_tokens", None),
+        getattr(model, "max_model_len", None),
+    )
     if problems:
         raise LookaheadStartupError("lookahead cannot run with this engine configuration: " + "; ".join(problems))

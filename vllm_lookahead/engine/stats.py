@@ -127,6 +127,7 @@ class StepReport:
     propose_seconds: float = 0.0
     verify_seconds: float = 0.0
     pool_ngrams: int = -1  # n-grams held by the live requests' pools (+ the shared pool); -1: not measured
+    request_states: int = -1  # requests the worker holds lookahead state for; -1: not measured
 
     def on_verified(self, req_id: str, outcome) -> None:
         """A verified tree (:class:`~vllm_lookahead.engine.verify_step.StepOutcome`)."""
@@ -149,6 +150,7 @@ class StepReport:
             "propose_seconds": self.propose_seconds,
             "verify_seconds": self.verify_seconds,
             "pool_ngrams": self.pool_ngrams,
+            "request_states": self.request_states,
         }
 
 
