@@ -90,33 +90,24 @@ class Server:
         return total
 
     def metrics(self) -> dict[str, float]:
-        return scrape(self.base)
+        """``/metrics`` as {series (name + labels): value}."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                series, value = line.rsplit(" ", 1)
+                out[series] = float(value)
+        return out
 
     def stop(self) -> None:
-        stop_process(self.proc)
-
-
-def scrape(base: str) -> dict[str, float]:
-    """``/metrics`` of the server at ``base`` as {series (name + labels): value}."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            out[series] = float(value)
-    return out
-
-
-def stop_process(proc: subprocess.Popen) -> None:
-    """Terminate, wait up to a minute, then kill."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def start_all(servers: list[Server], seconds: float = 600) -> None:

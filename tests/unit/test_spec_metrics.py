@@ -41,8 +41,7 @@ def _step(level: str = "detailed"):
         "propose_seconds": 0.002, "verify_seconds": 0.003, "pool_ngrams": 42,
         "request_states": 3,
     }
-    sched_out = SimpleNamespace(scheduled_spec_decode_tokens={"A": [1] * 7, "B": [1] * 4}, num_invalid_spec_tokens=None,
-                                finished_req_ids=set())
+    sched_out = SimpleNamespace(scheduled_spec_decode_tokens={"A": [1] * 7, "B": [1] * 4}, num_invalid_spec_tokens=None)
     runner_out = SimpleNamespace(sampled_token_ids=[[5, 6, 7, 8], [5, 6, 7, 8, 9], [3]],
                                  req_id_to_index={"A": 0, "B": 1, "C": 2})
     counted = spec_metrics.before_step(sched_out, runner_out)
@@ -119,21 +118,20 @@ def test_undrafted_reason_table_frees_aborted_requests_on_the_next_step():
                                 requests={"live": object()})
     gone = {}
 
-    def step(report, finished):
+    def step(report):
         stats = SchedulerStats()
-        sched_out = SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None,
-                                    finished_req_ids=finished)
-        spec_metrics.finish_step(scheduler, sched_out, report, {}, {0: SimpleNamespace(outputs=[], scheduler_stats=stats)})
+        spec_metrics.finish_step(scheduler, SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None),
+                                 report, {}, {0: SimpleNamespace(outputs=[], scheduler_stats=stats)})
         for k, v in stats.lookahead["undrafted"].items():
             gone[k] = gone.get(k, 0) + v
         return stats.lookahead["request_states"]["scheduler"]
 
     for k in range(200):  # each request is reported undrafted while live, then aborted (it never reaches an output)
         scheduler.requests[f"r{k}"] = object()
-        held = step({"undrafted": {f"r{k}": "batch_full", "live": "min_p"}}, {f"r{k - 1}"} if k else set())
+        held = step({"undrafted": {f"r{k}": "batch_full", "live": "min_p"}})
         assert held == 2  # "live" and r{k}: r{k-1}, aborted since the last step, was freed by this one
         del scheduler.requests[f"r{k}"]
-    assert step({}, {"r199"}) == 1  # the last aborted one freed: only the live request left
+    assert step({}) == 1  # the last aborted one freed: only the live request left
     assert gone == {"batch_full": 200}
 
 

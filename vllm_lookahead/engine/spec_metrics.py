@@ -122,13 +122,16 @@ def _track_undrafted(scheduler: Any, scheduler_output: Any, reasons: dict[str, s
     for req_id, reason in reasons.items():
         if state.get(req_id) != "":
             state[req_id] = reason
-    # Requests that left since the last step, aborted ones included (an aborted request never
-    # reaches an output): vLLM lists them in this step's scheduler output.
     gone: Counter[str] = Counter()
-    for req_id in scheduler_output.finished_req_ids:
-        reason = state.pop(req_id, None)
-        if reason:
-            gone[reason] += 1
+    live = scheduler.requests
+    # Every entry is a request that was live when it was added and is popped when its output
+    # finishes it; one more entry than live requests means some left without an output
+    # (aborted): drop those now.  A scan of at most the live requests plus this step's aborts.
+    if len(state) > len(live):
+        for req_id in [r for r in state if r not in live]:
+            reason = state.pop(req_id)
+            if reason:
+                gone[reason] += 1
     return gone
 
 
