@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_lookahead import cli, models
-from vllm_lookahead.cli import build_serve_argv, needs_default_model
+from vllm_lookahead.cli import allocator_preload, build_serve_argv, needs_default_model
 from vllm_lookahead.models import ModelPreparationError
 
 SPEC = json.dumps({"method": "lookahead"})
@@ -41,6 +41,22 @@ def _opt(argv: list[str], name: str) -> str | None:
         elif a.startswith(name + "="):
             val = a.split("=", 1)[1]
     return val
+
+
+# --------------------------------------------------------------------------- allocator_preload
+def test_serve_preloads_the_first_system_allocator_found():
+    libs = {"tcmalloc_minimal": "libtcmalloc_minimal.so.4", "jemalloc": "libjemalloc.so.2"}
+    assert allocator_preload({}, libs.get) == "libjemalloc.so.2"
+    assert allocator_preload({}, {"tcmalloc_minimal": "libtcmalloc_minimal.so.4"}.get) == "libtcmalloc_minimal.so.4"
+    # in front of what is preloaded already (vLLM adds torch's libgomp after it)
+    assert allocator_preload({"LD_PRELOAD": "/x/libgomp.so"}, libs.get) == "libjemalloc.so.2:/x/libgomp.so"
+
+
+def test_serve_leaves_the_allocator_alone_when_asked_or_chosen_or_absent():
+    libs = {"jemalloc": "libjemalloc.so.2"}
+    assert allocator_preload({"VLLM_LOOKAHEAD_ALLOCATOR": "system"}, libs.get) is None
+    assert allocator_preload({"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, libs.get) is None
+    assert allocator_preload({}, {}.get) is None
 
 
 # --------------------------------------------------------------------------- build_serve_argv

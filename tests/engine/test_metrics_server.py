@@ -22,7 +22,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from servers import TOY_ARGS, TOY_NAME, TOY_SPEC, Server, free_port, metric_total, start_all
+from servers import TOY_ARGS, TOY_NAME, TOY_SPEC, Server, free_port, metric_total, scrape, start_all
+from servers import stop_process as _stop
 
 pytestmark = pytest.mark.engine
 
@@ -45,14 +46,6 @@ def _wait_http(url: str, proc: subprocess.Popen, seconds: float, log: Path) -> N
     pytest.fail(f"{url} did not come up in {seconds} s:\n{log.read_text()[-4000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
 # One API server (the session's shared toy server: full trees + window every step, per-request
 # spec-decode metrics on), and two: then vLLM runs prometheus_client in multiprocess mode and an
 # engine core's stats reach one of the API servers, whichever process serves /metrics.
@@ -70,18 +63,6 @@ def server(request, toy_model, tmp_path_factory):
         yield own.base, own.proc, own.log
     finally:
         own.stop()
-
-
-def scrape(base: str) -> dict[str, float]:
-    """``/metrics`` as {series (name + labels): value}."""
-    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            out[series] = float(value)
-    return out
 
 
 def _send_requests(base: str) -> list[dict]:

@@ -52,7 +52,7 @@ CHAIN = {"method": "lookahead", "window_size": 0, "guess_set_size": 1, "max_toke
 # SmolLM2 (CI time): each of the four settings once, each configuration at two of them
 REAL = [("chain", CHAIN, "T=0.7"), ("chain", CHAIN, "T=1.0 top-p 0.9"),
         ("tree", REAL_TREE, "T=1.0"), ("tree", REAL_TREE, "T=0.7 top-k 5")]
-REAL_SETTINGS = dict(max_model_len=4096)  # the bundled model's engines in the exactness tests
+REAL_SETTINGS = dict(max_model_len=4096, max_num_seqs=64)  # = test_real_exactness.SETTINGS: one shared tree engine
 
 
 def histograms(samples: list[tuple[int, ...]]) -> dict[str, Counter]:

@@ -255,6 +255,7 @@ def test_soak_64_in_flight_exact_healthy_and_bounded(toy_servers, toy_model, rec
         "peak_running": max(s["running"] for s in states), "peak_worker_states": max(s["worker"] for s in states),
         "peak_pool_ngrams": max(s["pool"] for s in states), "peak_pool_per_request": round(per_request_pool),
         "after_probe": report["after_probe"], "replay_seconds": round(report["replay_seconds"]),
+        "allocator": toy_servers["lookahead"].allocator(),
     }
     print("\nsoak:", json.dumps(summary))
     print("soak RSS MiB every ~10 s:", [round(r / 2**20) for _, r in rss[::10]])

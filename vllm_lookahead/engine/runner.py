@@ -246,7 +246,8 @@ class RunnerLookahead:
         seconds = time.perf_counter() - t0
         self.stats.verify_seconds += seconds
         self.report.verify_seconds += seconds
-        self.stats.maybe_log()
+        if self.stats.maybe_log() and self.cost is not None:
+            logger.info("lookahead: the draft rule's step cost: %s", self.cost.describe())
         return output
 
     def _time_forward(self, logits: torch.Tensor) -> None:

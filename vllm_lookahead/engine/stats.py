@@ -96,10 +96,11 @@ class LookaheadStats:
             out[f"lookahead_accepted_{name}"] = float(n)
         return out
 
-    def maybe_log(self) -> None:
+    def maybe_log(self) -> bool:
+        """Log the running totals if ``log_interval_s`` has passed; whether it did."""
         now = time.monotonic()
         if now - self._last_log < self.log_interval_s or not self.steps:
-            return
+            return False
         self._last_log = now
         accepted = max(1, self.accepted_tokens)
         logger.info(
@@ -115,6 +116,7 @@ class LookaheadStats:
             1e3 * self.verify_seconds / self.steps,
             1e3 * self.propose_seconds / self.steps,
         )
+        return True
 
 
 @dataclass
