@@ -94,12 +94,6 @@ class LookaheadConfig(BaseModel):
         "forward carries for decoding requests (one each plus their drafts), drafts cut to fit "
         "equally per request, full trees when they fit; 0 = full trees, no cap",
     )
-    price_host_work: bool = Field(
-        True,
-        description="'auto' only: the draft rule also prices the host work a step with drafts pays "
-        "beyond one without (a fixed price per step and one per drafted request, learnt from the "
-        "engine's own steps; docs/design.md); false: it prices the forward only",
-    )
 
     @model_validator(mode="after")
     def _drafts_something(self) -> "LookaheadConfig":

@@ -7,7 +7,6 @@ step:
 
     maximise  E / T,   E = sum_r (1 + expected accepted tokens of r's draft)
                        T = StepCost.forward(tokens in the forward, rows in branching trees)
-                           + host work of a step with drafts (a fixed price, and one per drafted request)
 
 (the forward-cost model :class:`~.step_cost.StepCost` is the hardware's; the
 expected acceptance is each request's own, :class:`Acceptance`).  It starts from
@@ -28,11 +27,6 @@ piece's expected tokens ``g`` and extra time ``dT`` satisfy ``g * T > E * dT``:
    column-step (they are accepted on later steps; Fu et al. 2024 Sec. 3.1:
    each column yields one n-gram per step).  The first such piece also turns the
    request's chain into a branching tree, whose rows pay the tree pass.
-
-``T`` also carries the host work a step with drafts pays (:meth:`StepCost.host_prices`):
-the fixed price is planned as paid from the start, the per-request price with
-each request's first piece, and a finished plan whose drafts together do not
-earn them is dropped for a step without drafts.
 
 So the same rule drafts long trees where forwards are nearly free (a GPU at small
 batch), one chain where every token costs (this CPU), less as the batch fills,
@@ -150,45 +144,29 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     tokens = float(n if base_tokens is None else base_tokens)
     tree_rows = 0.0
     expected = float(n)
-    bare = cost.forward(max(tokens, 1.0))
-    # Host work around drafts (StepCost.host_prices): planned as paid -- the fixed price once,
-    # the per-request price with each request's first piece -- and the finished plan is
-    # dropped at the end if the bare step is faster per token.
-    fixed, per_request = cost.host_prices()
-    host = fixed
-    drafted = [False] * n
-    time = bare + host
+    time = cost.forward(max(tokens, 1.0))
     lead = [0] * n
     cands = [0] * n
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
-    free = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
+    cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
                 and o.window_column_gain > 0) for o in options]
-    cols = list(free)
 
     # 1. Lead tokens, most likely first (p q^(i-1) falls with i: each request's tokens come in order).
     heap = [(-o.lead_first, r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_first > 0]
     heapq.heapify(heap)
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
-        o = options[r]
-        gain, take = -neg_gain, 1
-        if not drafted[r] and per_request > 0:
-            # The request's first tokens also pay its host price: offer the lead prefix that
-            # earns it best (one token alone may not, four may).
-            gain, take = _best_lead_prefix(o, expected, time, tokens, tree_rows, host + per_request, cost)
-            if take == 0:
-                continue
-        dt = cost.forward(tokens + take, tree_rows) + host + (0.0 if drafted[r] else per_request) - time
+        gain = -neg_gain
+        dt = cost.forward(tokens + 1, tree_rows) - time
         if gain * time <= expected * dt:
             continue  # this request's longer lead gains even less
-        lead[r] = i + take - 1
-        tokens += take
+        lead[r] = i
+        tokens += 1
         expected += gain
-        host += 0.0 if drafted[r] else per_request
-        drafted[r] = True
         time += dt
-        if lead[r] < o.lead:
-            heapq.heappush(heap, (-o.lead_first * o.lead_next ** lead[r], r, lead[r] + 1))
+        o = options[r]
+        if i < o.lead:
+            heapq.heappush(heap, (-gain * o.lead_next, r, i + 1))
 
     # 2. Further candidates and window columns.  A tree's first branching piece pays the
     #    step's fixed tree price (tree_step_seconds) for every piece after it, so each request
@@ -217,12 +195,9 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     for _, r, mine in queues:
         best, best_at = expected / time, 0
         e, tok, rows_tree = expected, tokens, tree_rows
-        h = host
         for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
             e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
-            if rows > 0 and not drafted[r]:
-                h += per_request
-            ratio = e / (cost.forward(tok, rows_tree) + h)
+            ratio = e / cost.forward(tok, rows_tree)
             if ratio > best:
                 best, best_at = ratio, k
         if best_at == 0:
@@ -235,30 +210,8 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
             tokens += rows
             tree_rows += 0 if chain else rows
             expected += gain
-            if rows > 0 and not drafted[r]:
-                host += per_request
-                drafted[r] = True
-        time = cost.forward(tokens, tree_rows) + host
-    if any(drafted) and expected / time <= n / bare:
-        # The drafts do not earn the host work they bring: a step without drafts is faster per token.
-        return [DraftPlan(0, 0, free[r]) for r in range(n)]
+        time = cost.forward(tokens, tree_rows)
     return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
-
-
-def _best_lead_prefix(o: DraftOptions, expected: float, time: float, tokens: float, tree_rows: float,
-                      host: float, cost: StepCost) -> tuple[float, int]:
-    """(expected tokens, length) of the request's lead prefix with the best E / T, or (0, 0) if
-    none beats the step as planned so far (``expected`` tokens in ``time``); ``host``: the
-    step's host price with this request drafting."""
-    best, best_gain, best_take = expected / time, 0.0, 0
-    gain, g = 0.0, o.lead_first
-    for take in range(1, o.lead + 1):
-        gain += g
-        ratio = (expected + gain) / (cost.forward(tokens + take, tree_rows) + host)
-        if ratio > best:
-            best, best_gain, best_take = ratio, gain, take
-        g *= o.lead_next
-    return best_gain, best_take
 
 
 def _merge_in_order(a: list, b: list) -> list:

@@ -77,9 +77,7 @@ class RunnerLookahead:
         # forward-cost model, profiled in setup_kv and refined by every decode step.
         self.cost: StepCost | None = None
         self.cost_frozen = False  # tensor parallel: one model for all ranks, not refined per rank
-        # this forward: (start, tokens, tree rows, requests, drafted requests)
-        self._step_clock: tuple[float, int, int, int, int] | None = None
-        self._last_step: tuple[float, float, int, int] | None = None  # previous decode step: (start, forward s, requests, drafted)
+        self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this forward
         self.requests: dict[str, RequestLookahead] = {}
         cfg = self.config
         self.shared = SharedPools(cfg.ngram_size, cfg.guess_set_size, cfg.max_pool_keys, cfg.lookup_context) \
@@ -181,17 +179,8 @@ class RunnerLookahead:
         self.outcomes.clear()
         spec = scheduler_output.scheduled_spec_decode_tokens
         self._step_clock = None
-        previous, self._last_step = self._last_step, None
         if self.config.cost_rule and _decode_only(scheduler_output):
-            now = time.perf_counter()
-            if previous is not None and self.config.price_host_work and not self.cost_frozen:
-                # Back-to-back decode steps: the previous one's wall time less its forward is its
-                # host work (vLLM's and ours), which the rule prices for steps with drafts.
-                start, forward, requests, drafted = previous
-                self.step_cost().observe_host(requests, drafted, now - start - forward)
-            drafted = sum(1 for tokens in spec.values() if tokens) if spec else 0
-            self._step_clock = (now, int(scheduler_output.total_num_scheduled_tokens), 0,
-                                len(scheduler_output.num_scheduled_tokens), drafted)
+            self._step_clock = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
         if not spec:
             return result
         runner = self.runner
@@ -220,7 +209,7 @@ class RunnerLookahead:
         self.batch = batch
         if self._step_clock is not None:
             rows = sum(tr.num_nodes - tr.first_branch_node for tr in batch.requests)
-            self._step_clock = (*self._step_clock[:2], rows, *self._step_clock[3:])
+            self._step_clock = (*self._step_clock[:2], rows)
         _, spec_meta, max_sampled = result
         return batch.logits_indices, spec_meta, max_sampled
 
@@ -268,10 +257,8 @@ class RunnerLookahead:
             return
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
-        start, tokens, rows, requests, drafted = clock
-        forward = time.perf_counter() - start
-        self.step_cost().observe(tokens, rows, forward)
-        self._last_step = (start, forward, requests, drafted)
+        start, tokens, rows = clock
+        self.step_cost().observe(tokens, rows, time.perf_counter() - start)
 
     def propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
@@ -353,16 +340,13 @@ class RunnerLookahead:
         return drafts
 
     def _any_draft_pays(self, decoding: int) -> bool:
-        """Whether even certain draft tokens -- one request's, or one for every request -- would raise
-        the batch's tokens/s, host work included (the cost rule's test for a batch too full to
-        draft; when it fails no request does any work)."""
+        """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's
+        test for a batch too full to draft; when it fails no request does any work)."""
         if decoding <= 0:
             return False
         cost = self.step_cost()
         base = cost.forward(decoding)
-        one = cost.forward(decoding + 1) + cost.draft_overhead(1)  # one request drafts one token
-        every = cost.forward(2 * decoding) + cost.draft_overhead(decoding)  # every request drafts one
-        return base > decoding * (one - base) or 2 * base > every
+        return base > decoding * (cost.forward(decoding + 1) - base)
 
     def _room(self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray,
               budget: int | None) -> tuple[int, ThinkingLimit | None, str]:
