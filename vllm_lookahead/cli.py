@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 __all__ = [
     "DEFAULT_SERVE_OPTIONS",
@@ -285,13 +285,13 @@ ALLOCATORS = ("jemalloc", "tcmalloc_minimal", "tcmalloc")
 ALLOCATOR_ENV = "VLLM_LOOKAHEAD_ALLOCATOR"  # "auto" (default): as above; "system": leave LD_PRELOAD alone
 
 
-def allocator_preload(env: dict[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
+def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
     """The ``LD_PRELOAD`` value that puts a system jemalloc/tcmalloc in front, or None to leave it
     (opted out, one already preloaded, none installed)."""
     if env.get(ALLOCATOR_ENV, "auto") != "auto":
         return None
     current = env.get("LD_PRELOAD", "")
-    if any(name in current for name in ("jemalloc", "tcmalloc")):
+    if any(name in current for name in ALLOCATORS):
         return None
     if find is None:
         import ctypes.util
@@ -325,7 +325,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         argv = ["serve", *user_args]
 
     cmd = [*_vllm_command(), *argv]
-    preload = allocator_preload(dict(os.environ)) if on_cpu and sys.platform.startswith("linux") else None
+    preload = allocator_preload(os.environ) if on_cpu and sys.platform.startswith("linux") else None
     if preload is not None:
         os.environ["LD_PRELOAD"] = preload
     shown = [f"LD_PRELOAD={preload}"] if preload is not None else []

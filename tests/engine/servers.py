@@ -72,29 +72,38 @@ class Server:
                 pytest.fail(f"{self.name} server did not come up:\n{self.tail()}")
             time.sleep(1)
 
-    def allocator(self) -> str:
-        """The malloc the server's processes run on: "jemalloc", "tcmalloc" or "glibc" (from their
-        memory maps; `vllm-lookahead serve` preloads a system one on CPU)."""
+    def _processes(self) -> list:
+        """The server's process tree (API server, engine core, workers) as psutil processes."""
         import psutil
 
         try:
             root = psutil.Process(self.proc.pid)
-            maps = " ".join(m.path for p in (root, *root.children(recursive=True)) for m in p.memory_maps())
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def allocator(self) -> str:
+        """The malloc the server's processes run on: one of ``vllm_lookahead.cli.ALLOCATORS`` or
+        "glibc" (from their memory maps; `vllm-lookahead serve` preloads a system one on CPU)."""
+        import psutil
+
+        from vllm_lookahead.cli import ALLOCATORS
+
+        procs = self._processes()
+        try:
+            maps = " ".join(m.path for p in procs for m in p.memory_maps())
         except (psutil.Error, OSError):
             return "unknown"
-        return next((name for name in ("jemalloc", "tcmalloc") if name in maps), "glibc")
+        if not procs:
+            return "unknown"
+        return next((name for name in ALLOCATORS if name in maps), "glibc")
 
     def rss_bytes(self) -> int:
         """Resident memory of the server's process tree (API server + engine core)."""
         import psutil
 
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0
         total = 0
-        for p in procs:
+        for p in self._processes():
             try:
                 total += p.memory_info().rss
             except psutil.NoSuchProcess:

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
 import pytest
+from servers import CLI
+from servers import free_port as _free_port
 
 pytestmark = pytest.mark.engine
-
-CLI = [sys.executable, "-m", "vllm_lookahead.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
