@@ -91,7 +91,7 @@ def test_tree_attention_on_every_gpu_cache_layout(backend, layout):
             write_like_vllm(c, slots, k if c is caches[layer] else -k, v if c is caches[layer] else -v)
         seqs[tr.req_id] = (k, v)
 
-    query = torch.randn(tokens, HEADS * D)
+    query = torch.randn(tokens, (HEADS + 2 * HKV) * D)[:, : HEADS * D].view(tokens, HEADS, D)  # q of a qkv split
     out = torch.randn(tokens, HEADS * D)
     expected = out.clone().view(tokens, HEADS, D)
     for tr in requests:

@@ -96,3 +96,79 @@ def test_chains_need_no_recomputation():
     branched.add_chain(0, [2, 3], True)
     branched.add_chain(0, [5], True)
     assert TreeRequest(0, "r", branched.build(), None, 0, 10, np.zeros(0)).first_branch_node == 3
+
+
+def test_vllm_cpu_kernel_with_tree_rows_cut_plus_the_pass_is_tree_attention():
+    """The CPU path as the engine runs it: vLLM's own kernel on a metadata with the tree-masked
+    rows cut out (:func:`attention.kernel_metadata`), then the pass; every row of the batch --
+    a plain decode row, a prefill chunk, roots, leading chains, branches -- equals dense
+    attention with the tree mask.  The query is a strided view, as in a model (q of a qkv split)."""
+    ops = pytest.importorskip("vllm._custom_ops")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    heads, hkv, d, bs, num_blocks = 6, 2, 64, 32, 48
+    cache = torch.zeros(num_blocks, hkv, bs, 2 * d)
+    k_cache, v_cache = cache.view(num_blocks, hkv, 2 * bs, d).chunk(2, dim=2)
+    # (context, step rows, tree or None): plain decode, tree, prefill chunk, tree, tree (chain only)
+    chain = TreeBuilder(3)
+    chain.add_chain(0, [4, 5], True)
+    specs = [(40, 1, None), (70, 0, _random_tree(rng, 9)), (0, 20, None), (33, 0, _random_tree(rng, 12)),
+             (5, 0, chain.build())]
+    table = torch.from_numpy(rng.permutation(num_blocks)[: 5 * 6].reshape(5, 6)).to(torch.int32)
+    requests, starts, seq_lens, seqs, start = [], [0], [], [], 0
+    for i, (ctx, rows, tree) in enumerate(specs):
+        n = tree.size if tree is not None else rows
+        length = ctx + n
+        k, v = torch.randn(length, hkv, d), torch.randn(length, hkv, d)
+        slots = torch.tensor([int(table[i, p // bs]) * bs + p % bs for p in range(length)])
+        ops.cpu_attn_reshape_and_cache(k, v, k_cache, v_cache, slots, "vec", k_scale=1.0, v_scale=1.0,
+                                       kv_cache_dtype="auto")
+        if tree is not None:
+            requests.append(TreeRequest(i, f"r{i}", tree, None, start, ctx, tree.logit_rows()))
+        seqs.append((ctx, n, tree, k, v))
+        start += n
+        starts.append(start)
+        seq_lens.append(length)
+    tokens = start
+    qkv = torch.randn(tokens, (heads + 2 * hkv) * d)
+    query = qkv[:, : heads * d].view(tokens, heads, d)  # strided, like the model's q as vLLM's layer passes it
+    key = qkv[:, heads * d : (heads + hkv) * d].view(tokens, hkv, d)
+    for (ctx, n, _, k, _), s in zip(seqs, starts):
+        key[s : s + n] = k[ctx:]  # the step's keys, as written to the cache
+    scale = d ** -0.5
+    qsl = torch.tensor(starts, dtype=torch.int32)
+    sl = torch.tensor(seq_lens, dtype=torch.int32)
+    sched = ops.cpu_attn_get_scheduler_metadata(num_reqs=len(specs), num_heads=heads, num_kv_heads=hkv, head_dim=d,
+                                                seq_lens=sl, dtype=torch.float32, query_start_loc=qsl, causal=True,
+                                                sliding_window_size=-1, isa="vec", enable_kv_split=False)
+    meta = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=20, query_start_loc=qsl, max_seq_len=max(seq_lens),
+                                seq_lens=sl, block_table=table, slot_mapping=torch.zeros(tokens, dtype=torch.long),
+                                scheduler_metadata=sched)
+    impl = SimpleNamespace(num_heads=heads, num_kv_heads=hkv, head_size=d, scale=scale, sliding_window=-1,
+                           kv_cache_dtype="auto")
+    kv = PagedKV("CPU_ATTN", [cache], bs)
+    batch = TreeBatch(requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=table, kv=kv)
+    cut = attention.kernel_metadata(meta, batch, impl, SimpleNamespace(isa="vec"), torch.float32)
+    assert cut is not meta and attention.kernel_metadata(meta, batch, impl, None, torch.float32) is cut  # once per step
+    assert cut.seq_lens.tolist()[:3] == [41, 70 + requests[0].first_branch_node, requests[0].num_nodes - requests[0].first_branch_node]
+
+    out = torch.full((tokens, heads, d), float("nan"))
+    ops.cpu_attention_with_kv_cache(query=query, key_cache=k_cache, value_cache=v_cache, output=out,
+                                    query_start_loc=cut.query_start_loc, seq_lens=cut.seq_lens, scale=scale,
+                                    causal=True, alibi_slopes=None, sliding_window=-1, block_table=cut.block_table,
+                                    softcap=0, scheduler_metadata=cut.scheduler_metadata, s_aux=None)
+    attention.fix_draft_rows(impl, query, key, cache, out, batch)
+    assert kv.layout_checked
+
+    expected = torch.empty(tokens, heads, d)
+    for (ctx, n, tree, k, v), s in zip(seqs, starts):
+        mask = torch.ones(n, ctx + n, dtype=torch.bool).tril(ctx)  # causal
+        if tree is not None:
+            mask[:, ctx:] = torch.from_numpy(tree.ancestor_mask())
+        q = query[s : s + n].transpose(0, 1)
+        expected[s : s + n] = F.scaled_dot_product_attention(
+            q[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale, enable_gqa=True,
+        )[0].transpose(0, 1)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

@@ -17,7 +17,10 @@ wrappers, so the columns compare like with like:
   kept per number of tokens in the forward, so methods can be compared at equal
   shapes: :attr:`StepTimers.forward_by_tokens`);
 * ``sample``: ``sample_tokens`` -- everything after the forward in the runner:
-  ``verify``, ``propose`` and vLLM's output bookkeeping.
+  ``verify``, ``propose`` and vLLM's output bookkeeping;
+* ``attention``: the CPU attention backend's ``forward``, every layer -- vLLM's
+  kernel, plus lookahead's tree pass where a step has branching trees (part of
+  ``step``).
 
 :meth:`BenchEngine.run` also times each whole engine step (``engine.step()``:
 scheduler, runner, output processing), so what is neither forward nor sampling
@@ -62,14 +65,18 @@ TIMED_METHODS = {
     "verify": ("_sample", ("self", "logits", "spec_decode_metadata")),
     "sample": ("sample_tokens", ("self", "grammar_output")),
 }
+# The attention timer wraps the backend's forward (stacked on lookahead's tree-attention patch).
+ATTENTION = ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackendImpl.forward",
+             ("self", "layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "output_scale",
+              "output_block_scale"))
 
 
 class StepTimers:
     """Wall time spent in selected ``GPUModelRunner`` methods (this process only)."""
 
     def __init__(self) -> None:
-        self.seconds = {k: 0.0 for k in TIMED_METHODS}
-        self.calls = {k: 0 for k in TIMED_METHODS}
+        self.seconds = {k: 0.0 for k in (*TIMED_METHODS, "attention")}
+        self.calls = {k: 0 for k in (*TIMED_METHODS, "attention")}
         # tokens in the forward -> [calls, seconds] of execute_model
         self.forward_by_tokens: dict[int, list[float]] = {}
         self._patches: Any = None
@@ -77,10 +84,11 @@ class StepTimers:
     def install(self) -> None:
         from vllm_lookahead.engine.patching import Patch, PatchSet
 
+        timers = [(key, f"{RUNNER}.{name}", params) for key, (name, params) in TIMED_METHODS.items()]
         self._patches = PatchSet().apply([
-            Patch(f"{RUNNER}.{name}", params, f"bench timer '{key}'", lambda original, k=key: self._wrap(k, original),
+            Patch(target, params, f"bench timer '{key}'", lambda original, k=key: self._wrap(k, original),
                   tag="bench-timer")
-            for key, (name, params) in TIMED_METHODS.items()
+            for key, target, params in [*timers, ("attention", *ATTENTION)]
         ])
 
     def uninstall(self) -> None:

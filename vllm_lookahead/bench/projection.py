@@ -15,8 +15,9 @@ the A100 curve is flat to 64 tokens and 1.17x at 112, against the Medusa paper's
 simulated A100 7B curve (flat to 64, ~1.1x at 80-96, ~1.2x at 112; Cai et al.,
 2024, arXiv:2401.10774, Fig. 7).  ``t_step`` is what a step costs besides the
 weights (launches, sampling, bookkeeping); ``t_tree`` what a branching tree adds:
-this plugin's eager per-layer tree-attention pass (a gather of the paged KV and
-one SDPA per layer, ~6 launches per layer, outside CUDA graphs).  vLLM's DDTree PR
+this plugin's eager per-layer tree-attention pass (gathers of the queries and the
+paged K and V, two batched matmuls and a softmax, a scatter: 8 launches per layer,
+outside CUDA graphs, :mod:`vllm_lookahead.engine.attention`).  vLLM's DDTree PR
 measured a tree at 99 tok/s against a chain at 145 under CUDA graphs on an RTX
 A6000 -- overheads decide, so the table gives the tree both with and without it.
 
@@ -63,7 +64,9 @@ class Model:
 
 
 LLAMA_7B = Model("7B (LLaMA-2-7B shape), bf16", 6.74e9, 32)
-TREE_LAUNCHES_PER_LAYER = 6  # gather K, gather V, mask, SDPA, scatter of the rows, copy back
+# engine/attention.py's pass: gather q, K, V; scale q; q K^T; + mask; softmax; (.) V; scatter the rows.
+# (The GPU backends' kernels still attend the draft rows first: their work is not counted.)
+TREE_LAUNCHES_PER_LAYER = 8
 
 
 def forward_seconds(gpu: Gpu, model: Model, tokens: int, branching: bool = False, tree_pass: bool = True) -> float:

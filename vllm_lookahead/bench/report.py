@@ -58,8 +58,8 @@ from vllm_lookahead.bench.counters import mean_accepted_tokens
 
 COLUMNS = (
     "method", "workload", "concurrency", "temperature", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
-    "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "propose_ms", "verify_ms",
-    "exact", "compared",
+    "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "attention_ms", "propose_ms",
+    "verify_ms", "exact", "compared",
 )
 
 
@@ -80,6 +80,7 @@ class Row:
     speedup_max: float
     ttft_ms: float
     step_ms: float
+    attention_ms: float
     propose_ms: float
     verify_ms: float
     exact: int
@@ -91,7 +92,7 @@ class Row:
         return [
             self.method, self.workload, self.concurrency, self.temperature, self.requests, self.tokens, _r(self.mat), _r(self.acceptance, 4),
             _r(self.draft_per_step), _r(self.tok_s), _r(self.speedup, 3), _r(self.speedup_min, 3), _r(self.speedup_max, 3),
-            _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
+            _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.attention_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
         ]
 
 
@@ -158,6 +159,8 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     speedup_max=max(ratios) if ratios else math.nan,
                     ttft_ms=1e3 * mean(ttfts) if ttfts else math.nan,
                     step_ms=1e3 * _sum(runs, "timers", "step_s") / steps if steps else math.nan,
+                    attention_ms=1e3 * _sum(runs, "timers", "attention_s") / steps
+                    if steps and _sum(runs, "timers", "attention_calls") else math.nan,
                     propose_ms=1e3 * _sum(runs, "timers", "propose_s") / steps if steps else math.nan,
                     verify_ms=1e3 * _sum(runs, "timers", "verify_s") / steps if steps else math.nan,
                     exact=sum(a == b for a, b in pairs),
@@ -185,8 +188,8 @@ def _fmt(x: float, spec: str) -> str:
 def _table(rows: list[Row], first_col: str) -> list[str]:
     lines = [
         f"| method | {first_col} | MAT | accept | draft/step | tok/s | speedup [min, max] | TTFT ms "
-        "| step ms | propose ms/step | verify ms/step | exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step ms | attention ms/step | propose ms/step | verify ms/step | exact |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         where = r.workload if first_col == "category" else str(r.concurrency)
@@ -194,7 +197,7 @@ def _table(rows: list[Row], first_col: str) -> list[str]:
         lines.append(
             f"| {r.method} | {where} | {_fmt(r.mat, '.2f')} | {_fmt(100 * r.acceptance, '.1f')}% | "
             f"{_fmt(r.draft_per_step, '.1f')} | {_fmt(r.tok_s, '.1f')} | {speed} | {_fmt(r.ttft_ms, '.0f')} | "
-            f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | "
+            f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.attention_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | "
             f"{'sampled' if r.temperature > 0 else f'{r.exact}/{r.compared}'} |"
         )
     return lines

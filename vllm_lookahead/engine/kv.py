@@ -51,6 +51,21 @@ class PagedKV:
     layer_caches: list[torch.Tensor]  # one logical [blocks, kv_heads, block_size, C] tensor per layer
     block_size: int  # tokens per block of the block table the runner hands to attention
     layout_checked: bool = field(default=False)  # set once the first tree step read back its own keys
+    _layouts: dict = field(default_factory=dict, repr=False)
+
+    def row_layout(self, kv_cache: torch.Tensor) -> "RowLayout":
+        """How the tree pass reads ``kv_cache`` (one of :attr:`layer_caches`) by rows."""
+        signature = (tuple(kv_cache.shape), kv_cache.stride())
+        layout = self._layouts.get(signature)
+        if layout is None:
+            layout = RowLayout.of(kv_cache, self.backend)
+            if layout is None:
+                raise NotImplementedError(
+                    f"lookahead: the {self.backend} KV cache with shape {tuple(kv_cache.shape)} and strides "
+                    f"{kv_cache.stride()} cannot be read by rows; not supported"
+                )
+            self._layouts[signature] = layout
+        return layout
 
 
 def kv_views(kv_cache: torch.Tensor, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,13 +93,101 @@ def gather_sequence(view: torch.Tensor, block_ids: torch.Tensor, length: int) ->
     return blocks.permute(1, 0, 2, 3).reshape(view.shape[1], nb * bs, view.shape[3])[:, :length]
 
 
-def gather_blocks(kv_cache: torch.Tensor, backend: str, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of the listed blocks, each ``[len(block_ids), num_kv_heads, block_size, head_size]``.
+def _extent(x: torch.Tensor) -> int:
+    """Values from ``x``'s first to its last element (its span in the storage)."""
+    return 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
 
-    K and V of a block are one row of the cache tensor's first dimension in every
-    layout, so one ``index_select`` fetches both; the results are views into that copy.
+
+def row_view(x: torch.Tensor, width: int) -> torch.Tensor | None:
+    """``x``'s storage as a matrix of ``width``-value rows starting at ``x``'s first value, or None.
+
+    Possible when ``x``'s last dimension is contiguous and every other stride is a multiple
+    of ``width``: then element ``(i, j, ..., c)`` is value ``c % width`` of row
+    ``(i*s0 + j*s1 + ... + c) // width`` (``c < width`` or a multiple of it).  One
+    ``index_select`` on such a view gathers any rows in any order (the tree pass gathers
+    keys, values, queries and writes outputs this way).
     """
-    return kv_views(kv_cache.index_select(0, block_ids), backend)
+    if x.stride(-1) != 1 or any(s % width for s in x.stride()[:-1]) or x.shape[-1] % width:
+        return None
+    return torch.as_strided(x, (_extent(x) // width, width), (width, 1))
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where a layer's keys and values lie as rows of its cache (:func:`row_view`), so that
+    the tree pass fetches a request's K and V with one ``index_select`` each.
+
+    ``keys_transposed``: CPU_ATTN stores each block's K transposed, so a key row is one
+    head dimension over the block's slots (``block_size`` values) and what is gathered is
+    K^T, ``[dims, positions]``; the GPU backends store a token's K and V side by side, so a
+    key row is one token's key (``head_size`` values).  Strides are the logical
+    ``[blocks, kv_heads, block_size, C]`` tensor's, the same for every layer of one engine.
+    """
+
+    backend: str
+    head_size: int
+    block_size: int
+    num_kv_heads: int
+    strides: tuple[int, int, int]  # elements between blocks, heads, slots
+
+    @property
+    def keys_transposed(self) -> bool:
+        return self.backend == "CPU_ATTN"
+
+    @property
+    def key_width(self) -> int:
+        return self.block_size if self.keys_transposed else self.head_size
+
+    @classmethod
+    def of(cls, kv_cache: torch.Tensor, backend: str) -> "RowLayout | None":
+        """The layout of ``kv_cache`` (a layer's logical cache), or None if it cannot be read by rows."""
+        nb, hkv, bs, c = kv_cache.shape
+        d = c // 2
+        s_block, s_head, s_slot = kv_cache.stride()[:3]
+        if kv_cache.stride(3) != 1:
+            return None
+        if backend == "CPU_ATTN":  # per block and head: K^T [d, bs] then V [bs, d], one contiguous run
+            if s_slot != c or any(s % bs or s % d for s in (s_block, s_head)):
+                return None
+        elif backend in SPLIT_LAST_DIM:  # per token: K then V, d values each
+            if any(s % d for s in (s_block, s_head, s_slot)):
+                return None
+        else:
+            return None
+        return cls(backend, d, bs, hkv, (s_block, s_head, s_slot))
+
+    def key_rows(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The rows :meth:`indices` addresses for keys (``key_width`` values each)."""
+        w = self.key_width
+        return torch.as_strided(kv_cache, (_extent(kv_cache) // w, w), (w, 1))
+
+    def value_rows(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The rows :meth:`indices` addresses for values (``head_size`` values each)."""
+        d = self.head_size
+        return torch.as_strided(kv_cache, (_extent(kv_cache) // d, d), (d, 1))
+
+    def indices(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row indices of K (K^T on CPU_ATTN) and V for ``blocks`` ``[R, NB]`` (long).
+
+        Gathered, K is ``[R * kv_heads, head_size, NB * block_size]`` (transposed) or
+        ``[R * kv_heads, NB * block_size, head_size]``, and V ``[R * kv_heads, NB * block_size,
+        head_size]``: request-major, then head, then position (block by block).
+        """
+        d, bs, hkv = self.head_size, self.block_size, self.num_kv_heads
+        s_block, s_head, s_slot = self.strides
+        R, NB = blocks.shape
+        dev = blocks.device
+        heads = torch.arange(hkv, device=dev).view(1, hkv, 1, 1)
+        slots = torch.arange(bs, device=dev).view(1, 1, 1, bs)
+        base = blocks.view(R, 1, NB, 1) * s_block + heads * s_head  # [R, hkv, NB, 1] element offsets
+        if self.keys_transposed:  # K^T rows (r, head, dim, block) of bs values; V rows after K^T
+            dims = torch.arange(d, device=dev).view(1, 1, d, 1)
+            keys = base.view(R, hkv, 1, NB) // bs + dims
+            values = (base + bs * d) // d + slots
+        else:
+            keys = (base + slots * s_slot) // d
+            values = keys + 1
+        return keys.reshape(-1), values.reshape(-1)
 
 
 def move_slots(

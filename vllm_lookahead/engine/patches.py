@@ -191,9 +191,13 @@ def _apply_grammar_bitmask(original: Callable) -> Callable:
 
 def _attention_forward(original: Callable) -> Callable:
     def patched(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
-        result = original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         batch = current_tree_batch()
-        if batch is not None and attn_metadata is not None and getattr(self, "attn_type", "decoder") == "decoder":
+        tree = batch is not None and attn_metadata is not None and getattr(self, "attn_type", "decoder") == "decoder"
+        meta = attn_metadata
+        if tree and batch.kv is not None and batch.kv.backend == "CPU_ATTN":
+            meta = attention.kernel_metadata(attn_metadata, batch, self, layer, query.dtype)  # draft rows once
+        result = original(self, layer, query, key, value, kv_cache, meta, output, *args, **kwargs)
+        if tree:
             attention.fix_draft_rows(self, query, key, kv_cache, output, batch)
         return result
 
@@ -276,7 +280,8 @@ PATCHES: tuple[Patch, ...] = (
 
 _TREE_ATTENTION = (
     "tree attention: vLLM ships none and its kernels take causal or non-causal masks only; the draft rows "
-    "of branching trees are recomputed with the tree mask after vLLM's kernel"
+    "of branching trees are computed with the tree mask after vLLM's kernel (on CPU_ATTN the kernel is "
+    "given a metadata without them, so they are attended once)"
 )
 
 # Attention backend name -> the forward the plugin wraps (installed once the backend is known).

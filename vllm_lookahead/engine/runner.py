@@ -155,6 +155,8 @@ class RunnerLookahead:
                 f"{table_block_size} (kernel block splitting); not supported"
             )
         self.kv = PagedKV(backend, caches, block_size)
+        for cache in caches:  # refused here rather than at the first tree step
+            self.kv.row_layout(cache)
         if self.config.cost_rule:
             self.cost, self.cost_frozen = agree_across_ranks(profile_forward_cost(runner))
         return backend

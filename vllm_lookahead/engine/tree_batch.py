@@ -19,7 +19,7 @@ the grammar hook read it through ``runner.current_tree_batch()``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -65,6 +65,7 @@ class TreeBatch:
     block_table: torch.Tensor | None = None   # (num_reqs, max_blocks) the step's block table
     kv: PagedKV | None = None                  # the worker's paged KV cache
     tree_attention_layers: int = 0             # layers whose draft rows got the tree mask this step
+    kernel_metadata: tuple | None = None       # (vLLM's attention metadata, ours with the tree rows cut), CPU_ATTN
 
     @cached_property
     def needs_tree_attention(self) -> bool:
@@ -183,19 +184,21 @@ def draft_rows_mask(tree: DraftTree, context_len: int) -> torch.Tensor:
 
 @dataclass
 class PaddedDraftRows:
-    """The draft rows of ``R`` tree requests as one batched, padded attention call.
+    """The draft rows of ``R`` tree requests as one batched, padded attention problem.
 
     Request ``r`` has ``q_r`` draft rows to recompute (those from its first branch
     on, see :attr:`TreeRequest.first_branch_node`) and ``L_r = context_len + n_r``
     keys spread over its KV blocks.  Everything is padded to ``Q = max q_r`` rows
-    and ``NB = max blocks`` blocks, so each attention layer needs one gather of
-    ``R x NB`` blocks, one SDPA and one scatter -- however many requests carry trees.
-    Padded keys are masked out; padded query rows see key 0 only (never all-masked,
-    which would give NaN) and are dropped.
+    and ``NB = max blocks`` blocks, so each attention layer needs one gather each of
+    queries, keys and values, two matmuls and a softmax, and one scatter -- however
+    many requests carry trees (:mod:`vllm_lookahead.engine.attention`).  Padded keys are
+    masked out; padded query rows see key 0 only (never all-masked, which would give
+    NaN) and are dropped.  The row indices the layers share are built once per step
+    (:attr:`plans`, filled by the first layer).
     """
 
     block_size: int
-    block_ids: torch.Tensor   # (R*NB,) long: the blocks to gather, request-major
+    blocks: torch.Tensor      # (R, NB) long: each request's KV blocks, in order
     query_rows: torch.Tensor  # (R*Q,) long: flattened-batch row of each padded query row
     mask: torch.Tensor        # (R, 1, Q, NB*block_size) bool
     valid: torch.Tensor       # (number of draft rows,) long: which of the R*Q padded rows are real
@@ -204,19 +207,19 @@ class PaddedDraftRows:
     max_queries: int
     num_blocks: int
     requests: list  # the TreeRequests with rows here, in order
-    _bias: dict = None  # (group, dtype) -> additive mask (R, 1, group*Q, keys), built on first use
+    plans: dict = field(default_factory=dict)  # per layer geometry: the gather/scatter plan of this step
 
-    def bias_for(self, group: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive attention mask (0 / -inf) with each query row repeated for ``group`` heads."""
-        if self._bias is None:
-            self._bias = {}
-        bias = self._bias.get((group, dtype))
-        if bias is None:
-            R, _, Q, keys = self.mask.shape
-            rows = self.mask.view(R, 1, 1, Q, keys).expand(R, 1, group, Q, keys).reshape(R, 1, group * Q, keys)
-            bias = torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
-            self._bias[(group, dtype)] = bias
-        return bias
+    @property
+    def padded(self) -> bool:
+        """Whether some request has fewer rows than ``Q`` (their padding rows are dropped)."""
+        return self.valid.numel() != self.num_requests * self.max_queries
+
+    def additive_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as 0 / -inf, ``(R, 1, group*Q, keys)``: each query row repeated for the
+        ``group`` query heads that share a KV head (stacked head-major, as the pass stacks them)."""
+        R, _, Q, keys = self.mask.shape
+        rows = self.mask.view(R, 1, 1, Q, keys).expand(R, 1, group, Q, keys).reshape(R, 1, group * Q, keys)
+        return torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
 
     @classmethod
     def build(cls, requests: list[TreeRequest], block_table: torch.Tensor, block_size: int) -> "PaddedDraftRows | None":
@@ -232,7 +235,7 @@ class PaddedDraftRows:
         table = block_table.index_select(0, torch.tensor([tr.batch_index for tr in requests], device=block_table.device))
         if table.shape[1] < NB:  # cannot happen for a valid table; pad defensively with block 0
             table = torch.nn.functional.pad(table, (0, NB - table.shape[1]))
-        block_ids = table[:, :NB].to(torch.long).reshape(-1)
+        blocks = table[:, :NB].to(torch.long)
         mask = torch.zeros((R, 1, Q, keys), dtype=torch.bool)
         query_rows = np.empty((R, Q), dtype=np.int64)
         valid, out_rows = [], []
@@ -248,7 +251,7 @@ class PaddedDraftRows:
         device = block_table.device
         return cls(
             block_size=block_size,
-            block_ids=block_ids,
+            blocks=blocks,
             query_rows=torch.from_numpy(query_rows.reshape(-1)).to(device),
             mask=mask.to(device),
             valid=torch.from_numpy(np.concatenate(valid)).to(device),
