@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
-from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, plan_step
+from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, LeadConfidence, plan_step
 from vllm_lookahead.core.step_cost import StepCost
 
 
@@ -36,7 +37,7 @@ def test_observed_steps_set_the_scale_and_the_tree_row_price():
 
 # -- the rule -------------------------------------------------------------------------------
 def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1) -> DraftOptions:
-    return DraftOptions(lead, p, q, tuple(cands), cand_gain, tuple(cols), col_gain)
+    return DraftOptions(tuple(p * q ** i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain)
 
 
 FREE = StepCost.linear(0.010, 0.0)  # every token free: a GPU far below its knee
@@ -90,7 +91,7 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
         assert 0 <= plan.lead <= o.lead and plan.candidates <= len(o.candidate_rows)
         assert plan.window_columns <= len(o.window_column_rows)
         assert plan.candidates == 0 or plan.lead > 0
-        expected += sum(o.lead_first * o.lead_next ** (i - 1) for i in range(1, plan.lead + 1))
+        expected += sum(o.lead_gains[: plan.lead])
         expected += plan.candidates * o.candidate_gain + plan.window_columns * o.window_column_gain
         extra = sum(o.candidate_rows[: plan.candidates]) + sum(o.window_column_rows[: plan.window_columns])
         tokens += plan.lead + extra
@@ -104,12 +105,30 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
 def test_acceptance_splits_first_and_next_tokens():
     acc = Acceptance()
     for _ in range(40):
-        acc.observe(lead=4, grown=False, lead_accepted=0, candidates=0, accepted=0, window_columns=0, window_accepted=0)
-    first, nxt = acc.lead_rates(grown=False)
-    assert first < 0.05 and abs(nxt - 0.7) < 1e-9  # next tokens were never tried
+        acc.observe(lead=4, lead_accepted=0, candidates=0, accepted=0, window_columns=0, window_accepted=0)
+    assert acc.lead.first(1, 1) < 0.05 and acc.lead.next(1) == pytest.approx(LeadConfidence().next(1))
     for _ in range(40):
-        acc.observe(lead=4, grown=True, lead_accepted=4, candidates=0, accepted=4, window_columns=0, window_accepted=0)
-    assert min(acc.lead_rates(grown=True)) > 0.95 and acc.lead_rates(grown=False)[0] < 0.05
+        acc.observe(lead=8, lead_accepted=8, candidates=0, accepted=8, window_columns=0, window_accepted=0)
+    assert acc.lead.next(1) > 0.95  # next tokens: always accepted once tried
+    gains = acc.lead.gains(3, 2, 8)
+    assert len(gains) == 8 and all(a >= b for a, b in zip(gains, gains[1:]))  # P(first i accepted) falls
+
+
+def test_lead_confidence_follows_the_evidence_and_the_request():
+    fresh = LeadConfidence()
+    # a longer matched context and more support: likelier (the fitted priors, docs/results.md)
+    assert fresh.first(1, 1) < fresh.first(1, 5) < fresh.first(2, 5) < fresh.first(3, 5)
+    assert fresh.first(1, 1) < fresh.first(2, 1) < fresh.first(3, 1)
+    assert 0.15 < fresh.first(1, 1) < 0.25 and 0.7 < fresh.first(3, 1) < 0.85 and fresh.first(3, 8) > 0.95
+    assert fresh.next(1) < fresh.next(2) < fresh.next(3) and fresh.first(9, 1) == fresh.first(3, 1)
+    # a request whose confident leads keep failing is believed less, one whose weak leads hit more
+    doubtful, lucky = LeadConfidence(), LeadConfidence()
+    for _ in range(30):
+        doubtful.observe(3, 4, tried=4, accepted=0)
+        lucky.observe(1, 1, tried=4, accepted=4)
+    assert doubtful.first(3, 4) < 0.5 < fresh.first(3, 4)
+    assert lucky.first(1, 1) > 0.5 > fresh.first(1, 1) and lucky.next(1) > fresh.next(1)
+    assert doubtful.next(3) == fresh.next(3)  # no next token was ever tried
 
 
 def _decode(state: RequestLookahead, text: list[int], cost: StepCost, start: int) -> tuple[int, list[int]]:
@@ -156,6 +175,7 @@ def test_a_request_the_rule_stopped_drafting_drafts_again_when_its_text_repeats(
     cost = StepCost.linear(0.0193, 0.0007, tree_row=0.001)
     steps, drafted = _decode(state, text, cost, 3)
     novel_steps = drafted[:150]
-    assert sum(1 for d in novel_steps[50:] if d == 0) > 50  # mostly stopped drafting in the noise
-    assert max(drafted[-20:]) >= 8  # and long leads again in the loop
+    assert np.mean(novel_steps[50:]) < 1.5  # mostly stopped drafting in the noise (its leads: ~2 % accepted)
+    assert sum(1 for d in novel_steps[50:] if d == 0) > 30
+    assert max(drafted[-8:]) >= 8  # and long leads again in the loop
     assert steps < len(text) - 3 - 60  # the loop was decoded several tokens per forward

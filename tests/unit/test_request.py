@@ -546,7 +546,11 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
     assert lookahead.lead_candidate((2, 3), [0, 1], 1) == (2,)
     assert lookahead.lead_candidate((8, 9), [6, 7], 6) == (8, 9, 0, 1, 2, 3)
     assert lookahead.lead_candidate((11, 12), [0, 1], 6) == (11, 12)  # 12 never seen: nothing to add
-    # It starts at N - 1 and doubles while accepted in full.
+    # Under the draft rule the lead is offered whole (the rule cuts it where its tokens stop paying).
+    assert lookahead.step_candidates(1, [0, 1]).lead == (2, 3, 4, 5, 6, 7)
+    # Under a fixed cap it starts at N - 1 and doubles while accepted in full.
+    lookahead = RequestLookahead(params.model_copy(update={"max_tokens_per_step": 0}), [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1],
+                                 seed=0)
     history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     lengths = []
     for _ in range(3):

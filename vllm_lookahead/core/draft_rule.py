@@ -14,13 +14,14 @@ no drafts (``E`` = one token per request, ``T`` = a forward of the bare batch)
 and adds draft pieces best-first while each raises ``E / T``, i.e. while a
 piece's expected tokens ``g`` and extra time ``dT`` satisfy ``g * T > E * dT``:
 
-1. lead tokens, all requests' together, most likely first: the i-th lead token is
-   accepted with probability ``p * q^(i-1)`` (a chain is accepted up to its first
-   miss); ``p`` is the request's measured acceptance of the lead's first token and
-   ``q`` that of a next token once the previous one was accepted (n-gram drafts are
-   bursty: right once, they tend to stay right), both kept apart for a lead at its
-   base length and a grown one (a lead grows only after full acceptance, when the
-   text repeats: far likelier to be accepted);
+1. lead tokens, all requests' together, most likely first: the i-th lead token
+   adds the probability that it and every lead token before it are accepted (a
+   chain is accepted up to its first miss) -- from the lead's own evidence, how
+   long a context it was found after and how often its first token followed it,
+   and how long the text has been copied so far, calibrated by the request's
+   record (:class:`LeadConfidence`).  The lead is built as long as
+   ``max_lead_tokens`` allows and the rule cuts it where the next token no longer
+   pays;
 2. further candidates and window columns, best gain per row first: a candidate
    adds what the request's extra candidates have added beyond the lead (per
    candidate), a window column what window-only n-grams have been accepted per
@@ -40,16 +41,16 @@ exponential forgetting.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .step_cost import StepCost
 
-# Prior beliefs, each worth PRIOR_WEIGHT observations.  Lead: half of the tokens tried are
-# accepted.  Extra candidates / window columns: tokens they add per candidate-step /
+# Prior beliefs, each worth PRIOR_WEIGHT observations (lead tokens: LeadConfidence).  Extra candidates / window columns: tokens they add per candidate-step /
 # column-step, from the 512-token ablation (W0 G7 tree vs lead chain: +0.06-0.41 tokens per
 # step from 6 extra candidates; lead + 7-column window vs lead chain: +0.15-0.75 per step).
-PRIORS = {"lead_first": 0.4, "lead_next": 0.7, "candidate": 0.04, "window_column": 0.05}
+PRIORS = {"candidate": 0.04, "window_column": 0.05}
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9  # weight of the past per observed step
 
@@ -78,34 +79,131 @@ class _Rate:
             self.tries = DECAY * self.tries + tries
 
 
+# How likely a lead's tokens are accepted, from where it was found (Fu et al.'s pool gives no such
+# estimate; suffix decoding scores its drafts by frequency, Oliaro et al. 2024):
+#   first token   logit p   = FIRST[k] + SUPPORT_SLOPE * ln(support)
+#   token j + 1   logit q_j = NEXT[k]  + NEXT_SLOPE * ln(j)     (given the first j were accepted)
+# k = the context length the lead's pool matched (1, 2, >= 3 tokens), support = how often its first
+# token followed that context (NgramPool.support).  A text that has been copied for j tokens tends to
+# go on being copied (q rises with j).  Fitted on greedy replays of leads grown to 32 tokens: the
+# 2026-11-22 512-token recording (first 256 tokens; first token -1.54 / -0.25 / 1.07, slope 1.12, over
+# 12,151 leads; next 0.22 / 0.50 / 1.40, slope 0.70) and checked on the 2026-11-25 code + ShareGPT
+# recording (-1.43 / -0.71 / 1.46, slope 0.91; next 0.29 / 0.41 / 1.38, slope 0.73).  The fitted next
+# slope over-predicts deep tokens where copying breaks off (math_reasoning: 0.31 predicted, 0.18
+# seen); 0.35 replayed best under both a batch-1 and a 4-in-flight price (docs/results.md).  Measured
+# first-token acceptance, context 1 / 2 / 3 at support 1: 18 % / 43 % / 75 %; at 5 or more: 70 % /
+# 86 % / 98 % (docs/results.md, "Lead confidence").  Each request then shifts the log-odds by its own
+# record (_Calibration).  Log loss of the first-token prediction: 0.503-0.505 on both recordings,
+# against 0.59-0.60 for the one decayed rate per request the rule used before; replayed under a
+# batch-1 and a 4-in-flight CPU price, +2-5 % and +0-3 % modelled tokens/s over that rule.
+LEAD_FIRST_LOGIT = (-1.5, -0.4, 1.2)
+SUPPORT_SLOPE = 1.0
+LEAD_NEXT_LOGIT = (0.25, 0.45, 1.4)
+NEXT_SLOPE = 0.35
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
+
+
+def _by_context(table: tuple[float, ...], context: int) -> float:
+    return table[min(max(context, 1), len(table)) - 1]
+
+
+def _logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+@dataclass
+class _Calibration:
+    """How far one request's outcomes sit from the model's predictions, on the log-odds scale:
+    ``logit(observed rate) - logit(predicted rate)`` over its decayed record, the observed rate
+    pulled towards the predicted one by :data:`PRIOR_WEIGHT` tries' worth of prior, decayed by
+    :data:`DECAY` per step like the rule's other rates."""
+
+    tries: float = 0.0
+    hits: float = 0.0
+    expected: float = 0.0
+
+    @property
+    def shift(self) -> float:
+        if self.tries <= 0:
+            return 0.0
+        predicted = self.expected / self.tries
+        observed = (self.hits + PRIOR_WEIGHT * predicted) / (self.tries + PRIOR_WEIGHT)
+        return _logit(observed) - _logit(predicted)
+
+    def add(self, tries: int, hits: int, expected: float) -> None:
+        self.tries = DECAY * self.tries + tries
+        self.hits = DECAY * self.hits + hits
+        self.expected = DECAY * self.expected + expected
+
+
+@dataclass
+class LeadConfidence:
+    """Acceptance of a request's lead tokens: the logistic model of the lead's own evidence
+    above (the context it was found after, its first token's support), shifted by how far the
+    request's outcomes have been from it (:class:`_Calibration`), once for first tokens and
+    once for next ones.  A request whose leads keep missing (novel text) is trusted less
+    however good the evidence looks; one that keeps hitting weak-looking leads (it repeats
+    itself) is trusted more."""
+
+    first_record: _Calibration = field(default_factory=_Calibration)
+    next_record: _Calibration = field(default_factory=_Calibration)
+
+    @staticmethod
+    def _first_logit(context: int, support: int) -> float:
+        return _by_context(LEAD_FIRST_LOGIT, context) + SUPPORT_SLOPE * math.log(max(support, 1))
+
+    @staticmethod
+    def _next_logit(context: int, j: int) -> float:
+        return _by_context(LEAD_NEXT_LOGIT, context) + NEXT_SLOPE * math.log(j)
+
+    def first(self, context: int, support: int) -> float:
+        """Probability that the lead's first token is accepted."""
+        return _sigmoid(self._first_logit(context, support) + self.first_record.shift)
+
+    def next(self, context: int, j: int = 1) -> float:
+        """Probability that token ``j + 1`` is accepted once the first ``j`` were."""
+        return _sigmoid(self._next_logit(context, j) + self.next_record.shift)
+
+    def gains(self, context: int, support: int, length: int) -> tuple[float, ...]:
+        """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
+        token adds to the expected accepted tokens (a chain is accepted up to its first miss)."""
+        out, g = [], self.first(context, support)
+        shift = self.next_record.shift
+        for j in range(1, length + 1):
+            out.append(g)
+            g *= _sigmoid(self._next_logit(context, j) + shift)
+        return tuple(out)
+
+    def observe(self, context: int, support: int, tried: int, accepted: int) -> None:
+        """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted."""
+        if tried <= 0:
+            return
+        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(context, support)))
+        nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
+        if nexts > 0:
+            expected = sum(_sigmoid(self._next_logit(context, j)) for j in range(1, nexts + 1))
+            self.next_record.add(nexts, accepted - 1, expected)
+
+
 @dataclass
 class Acceptance:
     """One request's acceptance history, as the rule needs it."""
 
-    first_base: _Rate = field(default_factory=lambda: _Rate(PRIORS["lead_first"]))
-    next_base: _Rate = field(default_factory=lambda: _Rate(PRIORS["lead_next"]))
-    first_grown: _Rate = field(default_factory=lambda: _Rate(PRIORS["lead_first"]))
-    next_grown: _Rate = field(default_factory=lambda: _Rate(PRIORS["lead_next"]))
+    lead: LeadConfidence = field(default_factory=LeadConfidence)
     candidate: _Rate = field(default_factory=lambda: _Rate(PRIORS["candidate"]))
     window_column: _Rate = field(default_factory=lambda: _Rate(PRIORS["window_column"], cap=1.0))
 
-    def lead_rates(self, grown: bool) -> tuple[float, float]:
-        """(first token, next token given the previous) acceptance of a lead, base or grown."""
-        if grown:
-            return self.first_grown.value, self.next_grown.value
-        return self.first_base.value, self.next_base.value
-
-    def observe(self, *, lead: int, grown: bool, lead_accepted: int, candidates: int, accepted: int,
-                window_columns: int, window_accepted: int) -> None:
-        """One verified step: a lead of ``lead`` tokens (``grown``: past its base length), of which
-        ``lead_accepted`` accepted; ``candidates`` further candidates; ``accepted`` draft tokens in
-        all; ``window_columns`` columns run; ``window_accepted`` accepted tokens that came from
-        window-only n-grams (drafted from the window's earlier steps)."""
-        if lead > 0:
-            first, nxt = (self.first_grown, self.next_grown) if grown else (self.first_base, self.next_base)
-            first.add(min(lead_accepted, 1), 1)
-            if lead_accepted > 0 and lead > 1:  # tokens 2.. tried: up to the first miss
-                nxt.add(lead_accepted - 1, min(lead - 1, lead_accepted))
+    def observe(self, *, lead: int, lead_accepted: int, candidates: int, accepted: int,
+                window_columns: int, window_accepted: int, context: int = 1, support: int = 1) -> None:
+        """One verified step: a lead of ``lead`` tokens (found after ``context`` tokens with
+        ``support``), of which ``lead_accepted`` accepted; ``candidates`` further candidates;
+        ``accepted`` draft tokens in all; ``window_columns`` columns run; ``window_accepted``
+        accepted tokens that came from window-only n-grams (drafted from the window's earlier steps)."""
+        self.lead.observe(context, support, lead, lead_accepted)
         if candidates > 0:
             self.candidate.add(max(0, accepted - lead_accepted), candidates)
         self.window_column.add(window_accepted, window_columns)
@@ -115,13 +213,16 @@ class Acceptance:
 class DraftOptions:
     """What one request could draft this step (known before the tree is built)."""
 
-    lead: int                   # tokens the lead candidate has (0: the pools have nothing)
-    lead_first: float           # acceptance of the lead's first token
-    lead_next: float            # acceptance of each next lead token once the previous one was accepted
+    lead_gains: tuple[float, ...] = ()  # per lead token: P(it and every lead token before it are accepted)
     candidate_rows: tuple[int, ...] = ()   # draft nodes each further candidate would add, in order
     candidate_gain: float = 0.0            # expected accepted tokens per further candidate
     window_column_rows: tuple[int, ...] = ()  # draft nodes of window column 0, 1, ...
     window_column_gain: float = 0.0        # expected (later) accepted tokens per column-step
+
+    @property
+    def lead(self) -> int:
+        """Tokens the lead candidate has (0: the pools have nothing)."""
+        return len(self.lead_gains)
 
 
 @dataclass(frozen=True)
@@ -151,8 +252,8 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
                 and o.window_column_gain > 0) for o in options]
 
-    # 1. Lead tokens, most likely first (p q^(i-1) falls with i: each request's tokens come in order).
-    heap = [(-o.lead_first, r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_first > 0]
+    # 1. Lead tokens, most likely first (the gains fall with i: each request's tokens come in order).
+    heap = [(-o.lead_gains[0], r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_gains[0] > 0]
     heapq.heapify(heap)
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
@@ -166,7 +267,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
         time += dt
         o = options[r]
         if i < o.lead:
-            heapq.heappush(heap, (-gain * o.lead_next, r, i + 1))
+            heapq.heappush(heap, (-o.lead_gains[i], r, i + 1))
 
     # 2. Further candidates and window columns.  A tree's first branching piece pays the
     #    step's fixed tree price (tree_step_seconds) for every piece after it, so each request

@@ -16,8 +16,12 @@ Both levels are LRU: per key the most recently (re-)added continuation wins,
 and the key table itself is bounded by ``max_keys`` so memory stays constant on
 long generations.  Every stored continuation keeps the :class:`~.source.Source`
 that produced it (the text, or the Jacobi window), for attributing accepted
-tokens; an n-gram re-added by a text source takes that source.  Every operation is O(1) (amortised) -- ``add_sequence``
-costs O(number of new n-grams), so incremental learning never rescans history.
+tokens; an n-gram re-added by a text source takes that source.  It also keeps
+how often it was added: :meth:`NgramPool.support` -- how many stored n-grams
+after a key begin with a given token -- is the draft rule's confidence in a lead
+candidate (:class:`~.draft_rule.LeadConfidence`).  Every operation is O(1)
+(amortised; ``support`` O(G)) -- ``add_sequence`` costs O(number of new n-grams),
+so incremental learning never rescans history.
 """
 
 from __future__ import annotations
@@ -44,8 +48,8 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        # key -> continuation -> Source (int), least recent first
-        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], int]] = OrderedDict()
+        # key -> continuation -> [Source (int), times added], least recent first
+        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], list[int]]] = OrderedDict()
         self._count = 0
 
     def _key(self, tokens: Sequence[int]) -> object:
@@ -72,11 +76,13 @@ class NgramPool:
             self._table[key] = values
         else:
             self._table.move_to_end(key)
-        if value in values:
-            values[value] = min(values[value], int(source))
+        entry = values.get(value)
+        if entry is not None:
+            entry[0] = min(entry[0], int(source))
+            entry[1] += 1
             values.move_to_end(value)
             return
-        values[value] = int(source)
+        values[value] = [int(source), 1]
         self._count += 1
         if len(values) > self.guess_set_size:
             values.popitem(last=False)
@@ -99,22 +105,34 @@ class NgramPool:
         """:meth:`get` with each continuation's :class:`~.source.Source` (as stored: an int)."""
         if limit <= 0:
             return []
-        if self.context == 1:
-            k = int(key if isinstance(key, (int, np.integer)) else key[-1])
-        else:
-            if isinstance(key, (int, np.integer)) or len(key) < self.context:
-                return []
-            k = self._key(key[len(key) - self.context :])
-        values = self._table.get(k)
+        k = self._lookup_key(key)
+        values = self._table.get(k) if k is not None else None
         if values is None:
             return []
         self._table.move_to_end(k)
         result: list[tuple[tuple[int, ...], int]] = []
-        for value, source in reversed(values.items()):
+        for value, (source, _) in reversed(values.items()):
             if len(result) >= limit:
                 break
             result.append((value, source))
         return result
+
+    def support(self, key: int | Sequence[int], first: int) -> int:
+        """How many times n-grams stored under ``key`` that begin with ``first`` were added
+        (the evidence that ``first`` follows ``key``; 0 if none).  Does not touch the LRU order."""
+        k = self._lookup_key(key)
+        values = self._table.get(k) if k is not None else None
+        if values is None:
+            return 0
+        return sum(count for value, (_, count) in values.items() if value[0] == first)
+
+    def _lookup_key(self, key: int | Sequence[int]) -> object | None:
+        """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence)."""
+        if self.context == 1:
+            return int(key if isinstance(key, (int, np.integer)) else key[-1])
+        if isinstance(key, (int, np.integer)) or len(key) < self.context:
+            return None
+        return self._key(key[len(key) - self.context :])
 
     def __len__(self) -> int:
         return self._count

@@ -8,9 +8,10 @@ Alg. 2) for one request is:
    by that token) first, then the *lookahead branch* (the Jacobi window).
    Candidates whose preceding text matches more of the recent tokens come
    first (``lookup_context``).  The first (*lead*) candidate may grow past
-   ``N - 1`` tokens while the request keeps accepting it in full
-   (``max_lead_tokens``, :mod:`~vllm_lookahead.core.draft_length`): it is
-   extended by asking the pools again with its own text.  An optional token
+   ``N - 1`` tokens (``max_lead_tokens``): it is extended by asking the pools
+   again with its own text -- under the draft rule as far as allowed, the rule
+   cutting it where its tokens stop paying; under a fixed cap while the request
+   keeps accepting it in full (:mod:`~vllm_lookahead.core.draft_length`).  An optional token
    budget per step cuts the tree: the lead to what fits, the other candidates
    in order while they fit whole, then the whole window if it fits (a window
    left out this step simply waits; it is never run in part).
@@ -41,6 +42,7 @@ from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
 
+
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
     from vllm_lookahead.config import LookaheadConfig
 
@@ -53,8 +55,9 @@ class StepDraft:
     lead_tokens: int = 0  # draft tokens of the first candidate (extended past N - 1 when it may grow)
     sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
-    lead_grown: bool = False  # the lead was drafted past its base length N - 1 (it had been accepted in full)
     shadow_token: int = -1  # the lead's first token left out by the draft rule (-1: none)
+    lead_context: int = 1  # tokens of context the lead was found after (its pool's key length)
+    lead_support: int = 1  # times the lead's first token followed that context (NgramPool.support)
 
     @property
     def window_columns(self) -> int:
@@ -70,7 +73,8 @@ class StepCandidates:
     lead: tuple[int, ...]          # the lead candidate, grown to the request's lead length (or cut to the room)
     lead_sources: list[int]
     others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
-    lead_grown: bool
+    lead_context: int = 1  # the lead's evidence (StepDraft.lead_context / lead_support)
+    lead_support: int = 1
 
 
 class RequestLookahead:
@@ -144,9 +148,16 @@ class RequestLookahead:
         self, recent: Sequence[int], limit: int | None = None
     ) -> list[tuple[tuple[int, ...], int]]:
         """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
+        return self._lookup(recent, limit)[0]
+
+    def _lookup(
+        self, recent: Sequence[int], limit: int | None = None
+    ) -> tuple[list[tuple[tuple[int, ...], int]], NgramPool | None]:
+        """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found)."""
         limit = self.params.guess_set_size if limit is None else limit
         out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
+        first_pool = None
         for pool in self._lookup_pools():
             if len(out) >= limit:
                 break
@@ -154,9 +165,10 @@ class RequestLookahead:
                 if c not in seen:
                     seen.add(c)
                     out.append((c, source))
+                    first_pool = first_pool or pool
                     if len(out) >= limit:
                         break
-        return out
+        return out, first_pool
 
     def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
         """``first`` cut or grown to ``length`` tokens.
@@ -187,9 +199,12 @@ class RequestLookahead:
     def step_candidates(
         self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None
     ) -> StepCandidates:
-        """The candidates below ``root_token`` (the last accepted token): the lead, grown to the
-        request's lead length (:class:`~vllm_lookahead.core.draft_length.DraftLength`) and cut to
-        ``room``, then up to ``max_candidates - 1`` (default ``G - 1``) further ones.
+        """The candidates below ``root_token`` (the last accepted token): the lead, grown to
+        ``max_lead_tokens`` under the draft rule (which cuts it where its tokens stop paying) or
+        to the request's lead length under a fixed cap
+        (:class:`~vllm_lookahead.core.draft_length.DraftLength`), and cut to ``room``; then up
+        to ``max_candidates - 1`` (default ``G - 1``) further ones; and the lead's evidence for
+        the rule (the context length it was found after, its first token's support).
 
         ``recent``: the last tokens of the sequence, ending with ``root_token`` (only the last
         ``lookup_context`` are read).
@@ -199,16 +214,20 @@ class RequestLookahead:
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = room if room is not None else 1 << 30
-        found = self.sourced_candidates(recent)
+        found, pool = self._lookup(recent)
         if max_candidates is not None:
             found = found[:max_candidates]
         lead: tuple[int, ...] = ()
         lead_sources: list[int] = []
+        context = support = 1
         if found and room > 0:
-            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, self.lead_length.current))
+            # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
+            # its length follows what was accepted (DraftLength).
+            length = params.lead_tokens if params.cost_rule else self.lead_length.current
+            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
+            context, support = pool.context, max(1, pool.support(recent, found[0][0][0]))
         return StepCandidates(
-            int(root_token), lead, lead_sources, found[1:] if lead else [],
-            lead_grown=self.lead_length.current > self.lead_length.floor,
+            int(root_token), lead, lead_sources, found[1:] if lead else [], lead_context=context, lead_support=support,
         )
 
     def draft_options(self, cands: StepCandidates, window: bool = True) -> DraftOptions:
@@ -219,11 +238,8 @@ class RequestLookahead:
         if window and self.window is not None:
             filled = self.window.filled
             rows = (filled - 1, *([filled] * (self.window.window_size - 1)))
-        first, nxt = acc.lead_rates(cands.lead_grown)
         return DraftOptions(
-            lead=len(cands.lead),
-            lead_first=first,
-            lead_next=nxt,
+            lead_gains=acc.lead.gains(cands.lead_context, cands.lead_support, len(cands.lead)),
             candidate_rows=tuple(len(c) for c, _ in cands.others),
             candidate_gain=acc.candidate.value,
             window_column_rows=rows,
@@ -270,8 +286,9 @@ class RequestLookahead:
                 window_nodes = self.window.add_to_tree(builder, root=0, columns=window_columns)
         draft = StepDraft(
             tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=len(lead_tokens),
-            sources=builder.sources, window_start=window_start, lead_grown=cands.lead_grown,
+            sources=builder.sources, window_start=window_start,
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
+            lead_context=cands.lead_context, lead_support=cands.lead_support,
         )
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
@@ -373,9 +390,10 @@ class RequestLookahead:
             if int(accepted_tokens[accepted]) == draft.shadow_token:
                 lead_accepted += 1
         self.acceptance.observe(
-            lead=lead, grown=draft.lead_grown, lead_accepted=lead_accepted,
+            lead=lead, lead_accepted=lead_accepted,
             candidates=further,
             accepted=accepted, window_columns=columns, window_accepted=window_accepted,
+            context=draft.lead_context, support=draft.lead_support,
         )
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:
