@@ -159,3 +159,22 @@ def test_context_keys():
     assert pool.get(2, 5) == []
     with pytest.raises(ValueError):
         pool.add([1, 2, 3])
+
+
+def test_support_counts_how_often_a_first_token_followed_the_key():
+    pool = NgramPool(3, 4, context=2)
+    for ngram in ((7, 8, 1, 2), (7, 8, 1, 3), (7, 8, 1, 2), (7, 8, 5, 5), (9, 8, 1, 2)):
+        pool.add(ngram)
+    assert pool.support((6, 7, 8), 1) == 3  # (1, 2) twice and (1, 3) once after (7, 8); the last 2 tokens key
+    assert pool.support((7, 8), 5) == 1 and pool.support((7, 8), 4) == 0 and pool.support((0, 8), 1) == 0
+    assert pool.support((8,), 1) == 0  # shorter than the key
+    before = pool.get((9, 8), 1)
+    pool.support((7, 8), 1)  # reading support does not change what the LRU evicts
+    pool.add((3, 3, 0, 0))
+    assert pool.get((9, 8), 1) == before
+    one = NgramPool(3, 2)
+    for ngram in ((4, 1, 1), (4, 1, 2), (4, 1, 1)):
+        one.add(ngram)
+    assert one.support(4, 1) == 3
+    one.add((4, 2, 2))  # G = 2: the least recent continuation, (1, 2), falls out with its count
+    assert one.support(4, 1) == 2 and one.support(4, 2) == 1

@@ -590,3 +590,18 @@ def test_max_candidates_one_without_window_is_a_chain():
     assert draft.tree.tokens.tolist() == [5, 6, 7] and draft.num_candidates == 1
     assert draft.window_nodes.size == 0
     assert lookahead.propose(5, [5], window=False, max_candidates=2).num_candidates == 2
+
+
+def test_step_candidates_carry_the_leads_evidence():
+    # "5 6 7" is followed by 8 twice in the prompt: found after three tokens, support 2;
+    # after "0 9" only the one-token pool knows 9 (followed by 1 once).
+    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=3)
+    prompt = [5, 6, 7, 8, 1, 5, 6, 7, 8, 2, 9, 1, 4]
+    state = RequestLookahead(params, prompt, seed=0)
+    cands = state.step_candidates(7, [5, 6, 7])
+    assert cands.lead[:2] == (8, 2) and (cands.lead_context, cands.lead_support) == (3, 2)
+    weak = state.step_candidates(9, [0, 0, 9])
+    assert weak.lead[:2] == (1, 4) and (weak.lead_context, weak.lead_support) == (1, 1)
+    draft = state.build(cands, lead=2, candidates=0, window_columns=0)
+    assert (draft.lead_context, draft.lead_support) == (3, 2)  # kept for the acceptance record
+    assert state.acceptance.lead.first(3, 2) > state.acceptance.lead.first(1, 1)

@@ -18,8 +18,7 @@ piece's expected tokens ``g`` and extra time ``dT`` satisfy ``g * T > E * dT``:
    adds the probability that it and every lead token before it are accepted (a
    chain is accepted up to its first miss) -- from the lead's own evidence, how
    long a context it was found after and how often its first token followed it,
-   and how long the text has been copied so far, calibrated by the request's
-   record (:class:`LeadConfidence`).  The lead is built as long as
+   calibrated by the request's record (:class:`LeadConfidence`).  The lead is built as long as
    ``max_lead_tokens`` allows and the rule cuts it where the next token no longer
    pays;
 2. further candidates and window columns, best gain per row first: a candidate
@@ -81,25 +80,22 @@ class _Rate:
 
 # How likely a lead's tokens are accepted, from where it was found (Fu et al.'s pool gives no such
 # estimate; suffix decoding scores its drafts by frequency, Oliaro et al. 2024):
-#   first token   logit p   = FIRST[k] + SUPPORT_SLOPE * ln(support)
-#   token j + 1   logit q_j = NEXT[k]  + NEXT_SLOPE * ln(j)     (given the first j were accepted)
+#   first token   logit p = FIRST[k] + SUPPORT_SLOPE * ln(support)
+#   each next one logit q = NEXT[k]    (given the tokens before it were accepted)
 # k = the context length the lead's pool matched (1, 2, >= 3 tokens), support = how often its first
-# token followed that context (NgramPool.support).  A text that has been copied for j tokens tends to
-# go on being copied (q rises with j).  Fitted on greedy replays of leads grown to 32 tokens: the
-# 2026-11-22 512-token recording (first 256 tokens; first token -1.54 / -0.25 / 1.07, slope 1.12, over
-# 12,151 leads; next 0.22 / 0.50 / 1.40, slope 0.70) and checked on the 2026-11-25 code + ShareGPT
-# recording (-1.43 / -0.71 / 1.46, slope 0.91; next 0.29 / 0.41 / 1.38, slope 0.73).  The fitted next
-# slope over-predicts deep tokens where copying breaks off (math_reasoning: 0.31 predicted, 0.18
-# seen); 0.35 replayed best under both a batch-1 and a 4-in-flight price (docs/results.md).  Measured
-# first-token acceptance, context 1 / 2 / 3 at support 1: 18 % / 43 % / 75 %; at 5 or more: 70 % /
-# 86 % / 98 % (docs/results.md, "Lead confidence").  Each request then shifts the log-odds by its own
-# record (_Calibration).  Log loss of the first-token prediction: 0.503-0.505 on both recordings,
-# against 0.59-0.60 for the one decayed rate per request the rule used before; replayed under a
-# batch-1 and a 4-in-flight CPU price, +2-5 % and +0-3 % modelled tokens/s over that rule.
+# token followed that context (NgramPool.support).  The first-token model was fitted on greedy replays
+# of the 2026-11-22 512-token recording (first 256 tokens, 12,151 leads: -1.54 / -0.25 / 1.07, slope
+# 1.12) and checked on the 2026-11-25 code + ShareGPT recording (~13,000 leads: -1.43 / -0.71 / 1.46,
+# slope 0.91).  Measured first-token acceptance, context 1 / 2 / 3 at support 1: 18 % / 43 % / 75 %; at
+# 5 or more: 70 % / 86 % / 98 % (docs/results.md, "Lead confidence").  Next tokens are accepted more
+# the longer the copy has run (fitted: NEXT[k] + 0.7 ln j), but that over-predicts deep tokens where
+# copying breaks off (math_reasoning: 0.31 predicted, 0.18 seen), and the flat, conservative q below
+# replayed best under both a batch-1 and a 4-in-flight price of this CPU.  Each request then shifts
+# the log-odds by its own record (_Calibration).  Log loss of the first-token prediction: 0.503-0.505
+# on both recordings, against 0.59-0.60 for the one decayed rate per request the rule used before.
 LEAD_FIRST_LOGIT = (-1.5, -0.4, 1.2)
 SUPPORT_SLOPE = 1.0
 LEAD_NEXT_LOGIT = (0.25, 0.45, 1.4)
-NEXT_SLOPE = 0.35
 
 
 def _sigmoid(z: float) -> float:
@@ -157,25 +153,24 @@ class LeadConfidence:
         return _by_context(LEAD_FIRST_LOGIT, context) + SUPPORT_SLOPE * math.log(max(support, 1))
 
     @staticmethod
-    def _next_logit(context: int, j: int) -> float:
-        return _by_context(LEAD_NEXT_LOGIT, context) + NEXT_SLOPE * math.log(j)
+    def _next_logit(context: int) -> float:
+        return _by_context(LEAD_NEXT_LOGIT, context)
 
     def first(self, context: int, support: int) -> float:
         """Probability that the lead's first token is accepted."""
         return _sigmoid(self._first_logit(context, support) + self.first_record.shift)
 
-    def next(self, context: int, j: int = 1) -> float:
-        """Probability that token ``j + 1`` is accepted once the first ``j`` were."""
-        return _sigmoid(self._next_logit(context, j) + self.next_record.shift)
+    def next(self, context: int) -> float:
+        """Probability that a next lead token is accepted once the tokens before it were."""
+        return _sigmoid(self._next_logit(context) + self.next_record.shift)
 
     def gains(self, context: int, support: int, length: int) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
         token adds to the expected accepted tokens (a chain is accepted up to its first miss)."""
-        out, g = [], self.first(context, support)
-        shift = self.next_record.shift
-        for j in range(1, length + 1):
+        out, g, q = [], self.first(context, support), self.next(context)
+        for _ in range(length):
             out.append(g)
-            g *= _sigmoid(self._next_logit(context, j) + shift)
+            g *= q
         return tuple(out)
 
     def observe(self, context: int, support: int, tried: int, accepted: int) -> None:
@@ -185,8 +180,7 @@ class LeadConfidence:
         self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(context, support)))
         nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
         if nexts > 0:
-            expected = sum(_sigmoid(self._next_logit(context, j)) for j in range(1, nexts + 1))
-            self.next_record.add(nexts, accepted - 1, expected)
+            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(context)))
 
 
 @dataclass

@@ -3,15 +3,17 @@
 Once the KV cache exists (``initialize_kv_cache``, before the first request), the
 runner times its own model with vLLM's ``_dummy_run`` -- the forward vLLM uses
 for its memory profile and warm-up, on dummy token ids, through the same
-CUDA-graph dispatch as real steps -- at :data:`PROFILE_SIZES` tokens (up to the
-engine's ``max_num_batched_tokens``), best of :data:`REPEATS` after one warm-up
-call each.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
+CUDA-graph dispatch as real steps -- followed by the LM head over every row
+(``compute_logits``: a chain step needs logits for each draft token, and on this
+CPU that is ~0.2 ms of a ~1.2 ms per-token price), at :data:`PROFILE_SIZES` tokens
+(up to the engine's ``max_num_batched_tokens``), best of :data:`REPEATS` after one
+warm-up call each.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
 what it leaves out (attention over real contexts, sampling, the tree pass) is
 learnt from the steps served (:meth:`StepCost.observe`, fed by
 :class:`~vllm_lookahead.engine.runner.RunnerLookahead`).
 
 Cost at start-up: 8 sizes x 4 forwards; on the project's 2-core CPU with the
-bundled 135M model about 1.5 s (logged), for the toy test model 0.1 s; on a GPU a few ms.  If the dummy run
+bundled 135M model about 2 s (logged), for the toy test model 0.1 s; on a GPU a few ms.  If the dummy run
 fails (a vLLM that changed it), the plugin logs why and uses
 :data:`FALLBACK`, this CPU's measurement: the rule still works, less well
 elsewhere.
@@ -33,10 +35,13 @@ logger = logging.getLogger("vllm.lookahead")
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 REPEATS = 3
 
-# SmolLM2-135M fp32 on the project's 2-core CPU (oneDNN), as this module profiled it (2026-11-25),
-# with the price per tree row the same engine then learnt from its first branching steps (3.1 ms).
-FALLBACK = StepCost((1, 2, 4, 8, 16, 32, 64, 128), (0.0185, 0.0214, 0.0214, 0.0214, 0.0277, 0.0463, 0.0799, 0.1505),
-                    tree_row_prior=0.0031)
+# SmolLM2-135M fp32 on the project's 2-core CPU (Intel Xeon, oneDNN), as this module profiled it
+# (2026-11-25, session 13: forward + LM head), with 0.4 ms per tree row: what branching steps added
+# over chains in that day's benchmark (attention ms/step and the window's logits rows, bench
+# docs/bench/2026-11-25-confidence).  (The previous machine, an AMD EPYC: 18.5 ms at 1 token, a
+# plateau from 2 to 8, 3.1 ms per tree row with the tree pass before session 13.)
+FALLBACK = StepCost((1, 2, 4, 8, 16, 32, 64, 128), (0.0325, 0.0342, 0.0357, 0.0417, 0.0487, 0.0640, 0.0970, 0.1650),
+                    tree_row_prior=0.0004)
 
 
 def fallback_cost() -> StepCost:
@@ -56,7 +61,8 @@ def profile_forward_cost(runner: Any) -> StepCost:
             for rep in range(REPEATS + 1):
                 _sync(runner.device)
                 start = time.perf_counter()
-                runner._dummy_run(n)
+                hidden, _ = runner._dummy_run(n)
+                runner.model.compute_logits(hidden[:n])
                 _sync(runner.device)
                 if rep:  # the first call of each size warms up
                     best = min(best, time.perf_counter() - start)
