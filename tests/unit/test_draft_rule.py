@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
-from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, LeadConfidence, plan_step
+from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, LeadConfidence, lead_floor, plan_step
 from vllm_lookahead.core.step_cost import StepCost
 
 
@@ -179,3 +179,23 @@ def test_a_request_the_rule_stopped_drafting_drafts_again_when_its_text_repeats(
     assert sum(1 for d in novel_steps[50:] if d == 0) > 30
     assert max(drafted[-8:]) >= 8  # and long leads again in the loop
     assert steps < len(text) - 3 - 60  # the loop was decoded several tokens per forward
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=30, max_size=120), st.floats(0.005, 0.05), st.floats(0.0, 0.004),
+       st.integers(1, 16))
+def test_the_lead_floor_only_skips_tokens_the_rule_would_never_draft(text, base, per_token, batch):
+    """Lead tokens below lead_floor are not looked up; the plan is the same as with the whole lead."""
+    cost = StepCost.linear(base, per_token)
+    floor = lead_floor(cost, batch, LookaheadConfig().lead_tokens)
+    state = RequestLookahead(LookaheadConfig(), text[:10], seed=0)
+    for i in range(10, len(text)):
+        history = text[:i]
+        cut = state.step_candidates(history[-1], history[-3:], min_gain=floor)
+        whole = state.step_candidates(history[-1], history[-3:])
+        assert cut.lead == whole.lead[: len(cut.lead)]
+        others = [state.draft_options(whole, window=False)] * batch
+        (plan_whole, *_) = plan_step(others, cost, base_tokens=batch)
+        (plan_cut, *_) = plan_step([state.draft_options(cut, window=False)] + others[1:], cost, base_tokens=batch)
+        assert plan_cut.lead == plan_whole.lead < len(cut.lead) or plan_cut.lead == plan_whole.lead == len(whole.lead)
+        state.catch_up(history)

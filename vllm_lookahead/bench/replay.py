@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vllm_lookahead.core import RequestLookahead, greedy_verify
-from vllm_lookahead.core.draft_rule import plan_step
+from vllm_lookahead.core.draft_rule import lead_floor, plan_step
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import DraftTree
 
@@ -133,7 +133,8 @@ class LookaheadCandidates:
     def draft(self, history: list[int], room: int) -> DraftTree:
         room = max(0, room if self.budget is None else min(room, self.budget))
         recent = history[-self.state.params.lookup_context :]
-        cands = self.state.step_candidates(history[-1], recent, room)
+        floor = lead_floor(self.cost, 1, self.state.params.lead_tokens) if self.cost is not None else 0.0
+        cands = self.state.step_candidates(history[-1], recent, room, min_gain=floor)
         if self.cost is not None:
             (plan,) = plan_step([self.state.draft_options(cands, window=False)], self.cost)
             draft = self.state.build(cands, lead=plan.lead, candidates=plan.candidates, window_columns=0, budget=room)

@@ -230,6 +230,19 @@ class DraftPlan:
         return self.lead == 0 and self.candidates == 0 and self.window_columns == 0
 
 
+def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
+    """A gain below which no lead token is drafted in a step whose bare forward carries
+    ``base_tokens`` tokens, leads of up to ``span`` tokens: a piece is added only while
+    ``g * T > E * dT``, and ``E / T`` starts at >= 1 / T(bare) and only grows as pieces are
+    added, while ``dT`` is at least the cheapest marginal token of the range.  Lead tokens
+    expected to add less need not even be looked up (per-step work bounded by what can be drafted)."""
+    if base_tokens <= 0:
+        return 0.0
+    forward = [cost.forward(base_tokens + i) for i in range(span + 1)]
+    cheapest = min((b - a for a, b in zip(forward, forward[1:])), default=0.0)
+    return max(0.0, cheapest) / forward[0]
+
+
 def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None) -> list[DraftPlan]:
     """Each request's plan for the next forward (``None`` options: a request that cannot draft).
 

@@ -197,7 +197,8 @@ class RequestLookahead:
         return tuple(draft), sources
 
     def step_candidates(
-        self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None
+        self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None,
+        min_gain: float = 0.0,
     ) -> StepCandidates:
         """The candidates below ``root_token`` (the last accepted token): the lead, grown to
         ``max_lead_tokens`` under the draft rule (which cuts it where its tokens stop paying) or
@@ -207,7 +208,9 @@ class RequestLookahead:
         the rule (the context length it was found after, its first token's support).
 
         ``recent``: the last tokens of the sequence, ending with ``root_token`` (only the last
-        ``lookup_context`` are read).
+        ``lookup_context`` are read).  ``min_gain``: under the draft rule, lead tokens expected to
+        add less than this (:func:`~.draft_rule.lead_floor`) could never be chosen and are not
+        looked up.
         """
         params = self.params
         recent = [int(t) for t in recent[max(0, len(recent) - params.lookup_context) :]]
@@ -223,9 +226,13 @@ class RequestLookahead:
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
             # its length follows what was accepted (DraftLength).
-            length = params.lead_tokens if params.cost_rule else self.lead_length.current
-            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
             context, support = pool.context, max(1, pool.support(recent, found[0][0][0]))
+            length = self.lead_length.current
+            if params.cost_rule:
+                gains = self.acceptance.lead.gains(context, support, params.lead_tokens)
+                # one more than can pay: a left-out token is still checked against the emitted one
+                length = min(params.lead_tokens, 1 + sum(1 for g in gains if g >= min_gain))
+            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
             int(root_token), lead, lead_sources, found[1:] if lead else [], lead_context=context, lead_support=support,
         )

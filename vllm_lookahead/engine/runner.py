@@ -38,7 +38,7 @@ import torch
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft
-from vllm_lookahead.core.draft_rule import plan_step
+from vllm_lookahead.core.draft_rule import lead_floor, plan_step
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.step_cost import StepCost
@@ -274,6 +274,8 @@ class RunnerLookahead:
         drafts: list[list[int]] = []
         undrafted = self.report.undrafted
         wanted: list[tuple[int, str, RequestLookahead, StepCandidates, bool, int, Any]] = []
+        floor = lead_floor(self.step_cost(), decoding, self.config.lead_tokens) \
+            if budget is None and self.config.cost_rule and can_draft else 0.0
         for i, req_id in enumerate(runner.input_batch.req_ids):
             drafts.append([])
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
@@ -309,7 +311,8 @@ class RunnerLookahead:
             sp = req_state.sampling_params
             chain = eligibility.chain_only(sp)  # structured output: vLLM masks chain positions only
             recent = history[max(0, len(history) - self.config.lookup_context) :]
-            cands = state.step_candidates(int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None)
+            cands = state.step_candidates(int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None,
+                                          min_gain=floor)
             wanted.append((i, req_id, state, cands, chain, room, thinking))
         plans = None
         if budget is None and self.config.cost_rule and wanted:
