@@ -199,3 +199,13 @@ def test_the_lead_floor_only_skips_tokens_the_rule_would_never_draft(text, base,
         (plan_cut, *_) = plan_step([state.draft_options(cut, window=False)] + others[1:], cost, base_tokens=batch)
         assert plan_cut.lead == plan_whole.lead < len(cut.lead) or plan_cut.lead == plan_whole.lead == len(whole.lead)
         state.catch_up(history)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.floats(0, 0.5), st.integers(0, 40), st.integers(0, 6))
+def test_tokens_above_counts_the_gains_over_a_floor(context, support, floor, length, misses):
+    conf = LeadConfidence()
+    for _ in range(misses):
+        conf.observe(context, support, tried=3, accepted=1)
+    assert conf.tokens_above(context, support, floor, length) == sum(1 for g in conf.gains(context, support, length)
+                                                                      if g >= floor)

@@ -18,9 +18,9 @@ piece's expected tokens ``g`` and extra time ``dT`` satisfy ``g * T > E * dT``:
    adds the probability that it and every lead token before it are accepted (a
    chain is accepted up to its first miss) -- from the lead's own evidence, how
    long a context it was found after and how often its first token followed it,
-   calibrated by the request's record (:class:`LeadConfidence`).  The lead is built as long as
-   ``max_lead_tokens`` allows and the rule cuts it where the next token no longer
-   pays;
+   calibrated by the request's record (:class:`LeadConfidence`).  The lead is
+   built as long as ``max_lead_tokens`` allows (less what :func:`lead_floor`
+   shows can never pay) and the rule cuts it where the next token no longer pays;
 2. further candidates and window columns, best gain per row first: a candidate
    adds what the request's extra candidates have added beyond the lead (per
    candidate), a window column what window-only n-grams have been accepted per
@@ -32,9 +32,10 @@ So the same rule drafts long trees where forwards are nearly free (a GPU at smal
 batch), one chain where every token costs (this CPU), less as the batch fills,
 and nothing when even the likeliest token does not pay (a batch too full to draft).
 Work is O(draft pieces log draft pieces): bounded by the draft size.
-Expected acceptance starts from priors (:data:`PRIORS`, from the 2026-11-24
-ablation in ``docs/results.md``) and follows each request's own outcomes with
-exponential forgetting.
+Expected acceptance starts from priors (lead tokens: :class:`LeadConfidence`,
+fitted on greedy replays; candidates and window columns: :data:`PRIORS`, from the
+2026-11-24 ablation in ``docs/results.md``) and follows each request's own
+outcomes with exponential forgetting.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ from typing import Sequence
 
 from .step_cost import StepCost
 
-# Prior beliefs, each worth PRIOR_WEIGHT observations (lead tokens: LeadConfidence).  Extra candidates / window columns: tokens they add per candidate-step /
-# column-step, from the 512-token ablation (W0 G7 tree vs lead chain: +0.06-0.41 tokens per
-# step from 6 extra candidates; lead + 7-column window vs lead chain: +0.15-0.75 per step).
+# Prior beliefs, each worth PRIOR_WEIGHT observations (lead tokens: LeadConfidence below).  Extra
+# candidates / window columns: tokens they add per candidate-step / column-step, from the 512-token
+# ablation (W0 G7 tree vs lead chain: +0.06-0.41 tokens per step from 6 extra candidates; lead +
+# 7-column window vs lead chain: +0.15-0.75 per step).
 PRIORS = {"candidate": 0.04, "window_column": 0.05}
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9  # weight of the past per observed step
@@ -172,6 +174,17 @@ class LeadConfidence:
             out.append(g)
             g *= q
         return tuple(out)
+
+    def tokens_above(self, context: int, support: int, floor: float, length: int) -> int:
+        """How many of :meth:`gains` (of ``length`` tokens) are at least ``floor``, without listing them."""
+        p, q = self.first(context, support), self.next(context)
+        if p < floor or p <= 0:
+            return 0
+        if floor <= 0 or q >= 1:
+            return length
+        if q <= 0:
+            return 1
+        return min(length, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
 
     def observe(self, context: int, support: int, tried: int, accepted: int) -> None:
         """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted."""

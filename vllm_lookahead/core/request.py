@@ -42,7 +42,6 @@ from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
 
-
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
     from vllm_lookahead.config import LookaheadConfig
 
@@ -55,7 +54,7 @@ class StepDraft:
     lead_tokens: int = 0  # draft tokens of the first candidate (extended past N - 1 when it may grow)
     sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
-    shadow_token: int = -1  # the lead's first token left out by the draft rule (-1: none)
+    shadow_token: int = -1  # the first lead token the draft rule left out (-1: none)
     lead_context: int = 1  # tokens of context the lead was found after (its pool's key length)
     lead_support: int = 1  # times the lead's first token followed that context (NgramPool.support)
 
@@ -229,9 +228,9 @@ class RequestLookahead:
             context, support = pool.context, max(1, pool.support(recent, found[0][0][0]))
             length = self.lead_length.current
             if params.cost_rule:
-                gains = self.acceptance.lead.gains(context, support, params.lead_tokens)
                 # one more than can pay: a left-out token is still checked against the emitted one
-                length = min(params.lead_tokens, 1 + sum(1 for g in gains if g >= min_gain))
+                length = min(params.lead_tokens,
+                             1 + self.acceptance.lead.tokens_above(context, support, min_gain, params.lead_tokens))
             lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
             int(root_token), lead, lead_sources, found[1:] if lead else [], lead_context=context, lead_support=support,
