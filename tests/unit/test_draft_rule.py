@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
-from vllm_lookahead.core.draft_rule import Acceptance, DraftOptions, DraftPlan, LeadConfidence, lead_floor, plan_step
+from vllm_lookahead.core.draft_rule import (
+    Acceptance, DraftOptions, DraftPlan, LeadConfidence, LeadEvidence as E, lead_floor, plan_step,
+)
 from vllm_lookahead.core.step_cost import StepCost
 
 
@@ -106,29 +108,29 @@ def test_acceptance_splits_first_and_next_tokens():
     acc = Acceptance()
     for _ in range(40):
         acc.observe(lead=4, lead_accepted=0, candidates=0, accepted=0, window_columns=0, window_accepted=0)
-    assert acc.lead.first(1, 1) < 0.05 and acc.lead.next(1) == pytest.approx(LeadConfidence().next(1))
+    assert acc.lead.first(E(1, 1)) < 0.05 and acc.lead.next(E(1)) == pytest.approx(LeadConfidence().next(E(1)))
     for _ in range(40):
         acc.observe(lead=8, lead_accepted=8, candidates=0, accepted=8, window_columns=0, window_accepted=0)
-    assert acc.lead.next(1) > 0.95  # next tokens: always accepted once tried
-    gains = acc.lead.gains(3, 2, 8)
+    assert acc.lead.next(E(1)) > 0.95  # next tokens: always accepted once tried
+    gains = acc.lead.gains(E(3, 2), 8)
     assert len(gains) == 8 and all(a >= b for a, b in zip(gains, gains[1:]))  # P(first i accepted) falls
 
 
 def test_lead_confidence_follows_the_evidence_and_the_request():
     fresh = LeadConfidence()
     # a longer matched context and more support: likelier (the fitted priors, docs/results.md)
-    assert fresh.first(1, 1) < fresh.first(1, 5) < fresh.first(2, 5) < fresh.first(3, 5)
-    assert fresh.first(1, 1) < fresh.first(2, 1) < fresh.first(3, 1)
-    assert 0.15 < fresh.first(1, 1) < 0.25 and 0.7 < fresh.first(3, 1) < 0.85 and fresh.first(3, 8) > 0.95
-    assert fresh.next(1) < fresh.next(2) < fresh.next(3) and fresh.first(9, 1) == fresh.first(3, 1)
+    assert fresh.first(E(1, 1)) < fresh.first(E(1, 5)) < fresh.first(E(2, 5)) < fresh.first(E(3, 5))
+    assert fresh.first(E(1, 1)) < fresh.first(E(2, 1)) < fresh.first(E(3, 1))
+    assert 0.15 < fresh.first(E(1, 1)) < 0.25 and 0.7 < fresh.first(E(3, 1)) < 0.85 and fresh.first(E(3, 8)) > 0.95
+    assert fresh.next(E(1)) < fresh.next(E(2)) < fresh.next(E(3)) and fresh.first(E(9, 1)) == fresh.first(E(3, 1))
     # a request whose confident leads keep failing is believed less, one whose weak leads hit more
     doubtful, lucky = LeadConfidence(), LeadConfidence()
     for _ in range(30):
-        doubtful.observe(3, 4, tried=4, accepted=0)
-        lucky.observe(1, 1, tried=4, accepted=4)
-    assert doubtful.first(3, 4) < 0.5 < fresh.first(3, 4)
-    assert lucky.first(1, 1) > 0.5 > fresh.first(1, 1) and lucky.next(1) > fresh.next(1)
-    assert doubtful.next(3) == fresh.next(3)  # no next token was ever tried
+        doubtful.observe(E(3, 4), tried=4, accepted=0)
+        lucky.observe(E(1, 1), tried=4, accepted=4)
+    assert doubtful.first(E(3, 4)) < 0.5 < fresh.first(E(3, 4))
+    assert lucky.first(E(1, 1)) > 0.5 > fresh.first(E(1, 1)) and lucky.next(E(1)) > fresh.next(E(1))
+    assert doubtful.next(E(3)) == fresh.next(E(3))  # no next token was ever tried
 
 
 def _decode(state: RequestLookahead, text: list[int], cost: StepCost, start: int) -> tuple[int, list[int]]:
@@ -206,6 +208,23 @@ def test_the_lead_floor_only_skips_tokens_the_rule_would_never_draft(text, base,
 def test_tokens_above_counts_the_gains_over_a_floor(context, support, floor, length, misses):
     conf = LeadConfidence()
     for _ in range(misses):
-        conf.observe(context, support, tried=3, accepted=1)
-    assert conf.tokens_above(context, support, floor, length) == sum(1 for g in conf.gains(context, support, length)
+        conf.observe(E(context, support), tried=3, accepted=1)
+    assert conf.tokens_above(E(context, support), floor, length) == sum(1 for g in conf.gains(E(context, support), length)
                                                                       if g >= floor)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seconds=st.lists(st.floats(0.001, 0.2), min_size=1, max_size=6),
+    base=st.integers(1, 40), span=st.integers(0, 40),
+    observed=st.lists(st.tuples(st.integers(1, 60), st.floats(0.001, 0.3)), max_size=5),
+)
+def test_lead_floor_is_the_cheapest_marginal_token_over_the_bare_forward(seconds, base, span, observed):
+    """The O(1) lead floor (cached per range, the measured scale cancelling) is its definition."""
+    cost = StepCost(tuple(2 ** i for i in range(len(seconds))), tuple(seconds))
+    for _ in range(2):  # the second pass reads the cache, after the scale moved
+        forward = [cost.forward(base + i) for i in range(span + 1)]
+        cheapest = min((b - a for a, b in zip(forward, forward[1:])), default=0.0)
+        assert abs(lead_floor(cost, base, span) - max(0.0, cheapest) / forward[0]) < 1e-9
+        for tokens, took in observed:
+            cost.observe(tokens, 0, took)

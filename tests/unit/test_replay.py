@@ -68,3 +68,35 @@ def test_replay_times_each_step_under_the_cost_model_and_the_rule_uses_it():
     assert seconds < tokens * cost.forward(1)  # fewer, slightly longer forwards: faster by the model
     dear = StepCost((1, 256), (0.010, 5.0))  # drafts never pay: the rule drafts nothing
     assert replay([5, 6], output, lambda p: LookaheadCandidates(params, None, p, dear))[:3] == (30, 30, 0)
+
+
+def test_suffix_replay_drafts_from_the_prompt_and_from_earlier_responses():
+    """vLLM's suffix drafter as replay runs it (needs arctic-inference, the `suffix` extra)."""
+    import pytest
+
+    pytest.importorskip("arctic_inference")
+    from vllm_lookahead.bench.replay import SuffixDecoding
+
+    suffix = SuffixDecoding({"method": "suffix"})
+    loop = [7, 8, 9, 10, 11, 12]
+    # the prompt holds the loop: once a step has matched it, the rest is drafted whole
+    tokens, steps, drafted, _ = replay([1, *loop], loop * 2, suffix)
+    assert tokens == 12 and steps < 6 and drafted >= 8
+    # a new request whose prompt lacks the text: drafted from the first request's response
+    tokens, steps_again, _, _ = replay([2, 3], [4, *loop, 5], suffix)
+    assert steps_again <= 4  # without the cache: 8 forwards, one per token
+    fresh = SuffixDecoding({"method": "suffix", "suffix_decoding_max_cached_requests": 0})
+    assert replay([2, 3], [4, *loop, 5], fresh)[1] == 8
+
+
+def test_replayed_shared_pool_drafts_a_new_request_from_an_earlier_output():
+    from vllm_lookahead.bench.replay import _lookahead_engine
+
+    loop = [7, 8, 9, 10, 11, 12]
+    for shared, most_steps in ((False, 8), (True, 4)):
+        params = LookaheadConfig(window_size=0, guess_set_size=1, max_tokens_per_step=8, shared_pool=shared)
+        engine = _lookahead_engine(params, 8, None)  # one engine: its requests one after another
+        replay([1], [4, *loop * 2], engine)
+        # the new prompt lacks the loop: only the shared pool has it from the first request's output
+        steps = replay([2, 3], [4, *loop, 5], engine)[1]
+        assert steps == most_steps if not shared else steps <= most_steps

@@ -25,6 +25,8 @@ from vllm_lookahead.core import (
     StepDraft,
     greedy_verify,
 )
+from vllm_lookahead.core.draft_rule import LeadEvidence
+from vllm_lookahead.core.pool import SharedPools
 
 Oracle = Callable[[Sequence[int]], int]
 CONTEXT = 8  # oracles below look at most this many tokens back
@@ -599,9 +601,24 @@ def test_step_candidates_carry_the_leads_evidence():
     prompt = [5, 6, 7, 8, 1, 5, 6, 7, 8, 2, 9, 1, 4]
     state = RequestLookahead(params, prompt, seed=0)
     cands = state.step_candidates(7, [5, 6, 7])
-    assert cands.lead[:2] == (8, 2) and (cands.lead_context, cands.lead_support) == (3, 2)
+    assert cands.lead[:2] == (8, 2) and cands.lead_evidence == LeadEvidence(3, 2)
     weak = state.step_candidates(9, [0, 0, 9])
-    assert weak.lead[:2] == (1, 4) and (weak.lead_context, weak.lead_support) == (1, 1)
+    assert weak.lead[:2] == (1, 4) and weak.lead_evidence == LeadEvidence(1, 1)
     draft = state.build(cands, lead=2, candidates=0, window_columns=0)
-    assert (draft.lead_context, draft.lead_support) == (3, 2)  # kept for the acceptance record
-    assert state.acceptance.lead.first(3, 2) > state.acceptance.lead.first(1, 1)
+    assert draft.lead_evidence == LeadEvidence(3, 2)  # kept for the acceptance record
+    assert state.acceptance.lead.first(LeadEvidence(3, 2)) > state.acceptance.lead.first(LeadEvidence(1, 1))
+
+
+def test_a_lead_from_the_shared_pool_is_believed_less_than_the_same_evidence_in_own_text():
+    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=2, shared_pool=True)
+    shared = SharedPools(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
+    other = RequestLookahead(params, [0], seed=0, shared=shared)
+    other.catch_up([0, 5, 6, 7, 8, 3, 3])  # another request's output: "5 6 7 8 3 3"
+    state = RequestLookahead(params, [1, 2, 5, 6, 9, 4], seed=0, shared=shared)
+    own = state.step_candidates(6, [5, 6])      # "5 6" -> 9 in its own prompt
+    theirs = state.step_candidates(7, [6, 7])   # "6 7" -> 8 only in the other request's output
+    assert own.lead[0] == 9 and own.lead_evidence == LeadEvidence(2, 1)
+    assert theirs.lead[0] == 8 and theirs.lead_evidence == LeadEvidence(2, 1, shared=True)
+    conf = state.acceptance.lead
+    assert conf.first(theirs.lead_evidence) < 0.5 * conf.first(own.lead_evidence)
+    assert conf.next(theirs.lead_evidence) < conf.next(own.lead_evidence)

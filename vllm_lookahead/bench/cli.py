@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only rebuild tables and plots from an earlier results.json")
     p.add_argument("--replay", metavar="RESULTS_JSON", default=None,
                    help="no engine: replay the no-spec outputs of an earlier results.json through the "
-                   "ngram and lookahead --methods (lookahead: candidates only, no window) and print the "
-                   "MAT each would reach (bench/replay.py)")
+                   "ngram, suffix and lookahead --methods (lookahead: candidates only, no window) and print "
+                   "the MAT each would reach and a speedup modelled by --replay-cost (bench/replay.py)")
     p.add_argument("--project", metavar="RESULTS_JSON", default=None,
                    help="no engine: project the batch-1 MAT and draft sizes of an earlier results.json onto "
                    "A100/H100 with a 7B bf16 model under a roofline cost model (a model, not a measurement; "

@@ -14,12 +14,17 @@ gives MAT and draft tokens per step of
   per-step budget (``--replay-budget``); the Jacobi window needs the model's
   outputs and is left out;
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
+* vLLM's ``suffix`` drafter (ArcticInference's suffix tree, as vLLM's proposer
+  calls it; its cache of earlier responses lives as long as an engine: one per
+  repeat of the recording; needs ``arctic-inference``);
 
-in seconds per configuration, for tuning candidate policies before an engine run.
-It says nothing about time.  Batch-1 MAT (tokens per target forward) is
+in seconds per configuration, for tuning candidate policies before an engine run;
+time only as modelled: every step's draft priced by the cost model (``ReplayResult.
+modelled_speedup``), a model, not a measurement.  Batch-1 MAT (tokens per target forward) is
 reproduced exactly for chain drafts: the engine test (tests/engine/test_bench_cli.py)
 checks replay against the engine's own measurement on the toy model, and on the
-2026-11-22 512-token run the two agreed to two decimals on every category.
+2026-11-22 512-token run the two agreed to two decimals on every category (suffix:
+within 0.01 of the engine's on every category of the 2026-11-25 run).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 
 from vllm_lookahead.core import RequestLookahead, greedy_verify
 from vllm_lookahead.core.draft_rule import lead_floor, plan_step
+from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import DraftTree
 
@@ -121,11 +127,12 @@ class LookaheadCandidates:
     ``cost``: size each step with the draft rule under this forward-cost model (the
     engine's ``"auto"``); None: candidates within ``budget`` (a fixed cap).  The lead
     candidate's length and the rule's acceptance estimates follow what was accepted, as
-    in the engine.
+    in the engine.  ``shared``: the engine's pools of every request's output (``shared_pool``).
     """
 
-    def __init__(self, config: Any, budget: int | None, prompt: list[int], cost: StepCost | None = None) -> None:
-        self.state = RequestLookahead(config, prompt, seed=0)
+    def __init__(self, config: Any, budget: int | None, prompt: list[int], cost: StepCost | None = None,
+                 shared: SharedPools | None = None) -> None:
+        self.state = RequestLookahead(config, prompt, seed=0, shared=shared)
         self.budget = budget
         self.cost = cost
         self._last: tuple[Any, int] | None = None  # (draft, history length when drafted)
@@ -178,27 +185,84 @@ class VllmNgram:
         pass
 
 
-def recorded_requests(raw: dict[str, Any], tokenizer: Any) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Workload -> (prompt ids, no-spec output ids) of a ``results.json``, prompts rebuilt from its plan."""
+class SuffixDecoding:
+    """vLLM's suffix decoding drafter (:class:`vllm.v1.spec_decode.suffix_decoding.SuffixDecodingProposer`'s
+    calls into ArcticInference's ``SuffixDecodingCache``, Oliaro et al. 2024) with vLLM's defaults:
+    one cache per engine, requests replayed one after another (batch 1), each finished request's
+    response kept for the next."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        from vllm.config import SpeculativeConfig
+
+        defaults = {f: SpeculativeConfig.__dataclass_fields__[f].default for f in SpeculativeConfig.__dataclass_fields__
+                    if f.startswith("suffix_decoding_")}
+        opt = {**defaults, **{k: v for k, v in cfg.items() if k.startswith("suffix_decoding_")}}
+        self.depth = int(opt["suffix_decoding_max_tree_depth"])
+        self.k = int(cfg.get("num_speculative_tokens") or self.depth)
+        self.factor = float(opt["suffix_decoding_max_spec_factor"])
+        self.min_prob = float(opt["suffix_decoding_min_token_prob"])
+        self.cache = SuffixDecodingCache(max_tree_depth=self.depth,
+                                         max_cached_requests=int(opt["suffix_decoding_max_cached_requests"]))
+        self._requests = 0
+        self._seen = 0  # tokens of the active request's history already added to the cache
+
+    def __call__(self, prompt: list[int]) -> "SuffixDecoding":
+        for req in list(self.cache.active_requests):
+            self.cache.stop_request(req)
+        self._requests += 1
+        self.cache.start_request(str(self._requests), np.asarray(prompt, dtype=np.int32))
+        self._seen = len(prompt)
+        return self
+
+    def draft(self, history: list[int], room: int) -> DraftTree:
+        from vllm_lookahead.core.tree import TreeBuilder
+
+        pattern = np.asarray(history[max(0, len(history) - self.depth) :], dtype=np.int32)
+        spec = self.cache.speculate(str(self._requests), pattern, max_spec_tokens=min(self.k, room),
+                                    max_spec_factor=self.factor, min_token_prob=self.min_prob)
+        builder = TreeBuilder(history[-1])
+        if spec.token_ids:
+            builder.add_chain(0, [int(t) for t in spec.token_ids], needs_logits=True)
+        return builder.build()
+
+    def learn(self, history: list[int]) -> None:
+        if len(history) > self._seen:
+            self.cache.add_active_response(str(self._requests), history[self._seen :])
+            self._seen = len(history)
+
+
+def recorded_rounds(raw: dict[str, Any], tokenizer: Any) -> list[dict[str, list[tuple[list[int], list[int]]]]]:
+    """Per repeat of a ``results.json`` (one engine each, in the order it ran its workloads):
+    workload -> (prompt ids, no-spec output ids), prompts rebuilt from its plan."""
     from vllm_lookahead.bench.suite import Plan, build_workloads
 
     ref = raw["methods"][0]
     if ref.get("speculative_config") is not None:
         raise ValueError("the first method of a results.json must be no speculation")
     plan = Plan(**{k: v for k, v in raw["plan"].items() if k in Plan.__dataclass_fields__})
-    out: dict[str, list[tuple[list[int], list[int]]]] = {}
+    rounds: list[dict[str, list[tuple[list[int], list[int]]]]] = []
     for w in build_workloads(plan, tokenizer):
         if w.temperature > 0:
             continue  # sampled completions do not say what a draft would have had accepted
-        runs = ref["runs"].get(w.name, [])
-        for prompts, run in zip(w.token_ids, runs):
+        for r, (prompts, run) in enumerate(zip(w.token_ids, ref["runs"].get(w.name, []))):
             if len(prompts) != len(run["outputs"]):
                 raise ValueError(f"{w.name}: the rebuilt prompts do not match the recorded run")
-            out.setdefault(w.name, []).extend(zip(prompts, run["outputs"]))
-    return out
+            while len(rounds) <= r:
+                rounds.append({})
+            rounds[r][w.name] = list(zip(prompts, run["outputs"]))
+    return rounds
 
 
 AUTO = "auto"
+
+
+def _lookahead_engine(config: Any, budget: int | None, cost: StepCost | None) -> Callable[[list[int]], LookaheadCandidates]:
+    """One engine's lookahead drafter: a request's state per prompt, the engine's shared pools
+    (``shared_pool``) across them."""
+    shared = (SharedPools(config.ngram_size, config.guess_set_size, config.max_pool_keys, config.lookup_context)
+              if config.shared_pool else None)
+    return lambda prompt: LookaheadCandidates(config, budget, prompt, cost, shared)
 
 
 def replay_cost(name: str) -> StepCost:
@@ -229,10 +293,10 @@ def run_replay(
     from vllm_lookahead.config import LookaheadConfig
 
     raw = json.loads(Path(results_json).read_text())
-    requests = recorded_requests(raw, AutoTokenizer.from_pretrained(raw["plan"]["model"]))
+    rounds = recorded_rounds(raw, AutoTokenizer.from_pretrained(raw["plan"]["model"]))
     if max_tokens is not None:
-        requests = {w: [(p, o[:max_tokens]) for p, o in pairs] for w, pairs in requests.items()}
-    drafters: list[tuple[str, Callable[[list[int]], Any]]] = []
+        rounds = [{w: [(p, o[:max_tokens]) for p, o in pairs] for w, pairs in r.items()} for r in rounds]
+    drafters: list[tuple[str, Callable[[], Callable[[list[int]], Any]]]] = []  # label, a new engine's drafter
     for spec in methods:
         m = parse_method(spec)
         cfg = m.speculative_config
@@ -240,7 +304,9 @@ def run_replay(
             continue
         if cfg["method"] == "ngram":
             ngram = VllmNgram(cfg["num_speculative_tokens"], cfg["prompt_lookup_min"], cfg["prompt_lookup_max"])
-            drafters.append((m.label, ngram))
+            drafters.append((m.label, lambda ngram=ngram: ngram))
+        elif cfg["method"] == "suffix":
+            drafters.append((m.label, lambda cfg=cfg: SuffixDecoding(cfg)))  # its cache lives as long as an engine
         elif cfg["method"] == "lookahead":
             keys = {k: v for k, v in cfg.items() if k != "method"}
             config = LookaheadConfig.model_validate(keys, strict=False)
@@ -248,17 +314,22 @@ def run_replay(
             b = config.draft_budget(1) if budget == AUTO else budget  # the proposer at batch 1
             model = replay_cost(cost) if rule else None
             label = f"{m.label} (" + (f"draft rule, {cost} cost" if rule else f"budget {b if b is not None else 'none'}") + ")"
-            drafters.append((label, lambda prompt, c=config, b=b, model=model: LookaheadCandidates(c, b, prompt, model)))
+            drafters.append((label, lambda c=config, b=b, model=model: _lookahead_engine(c, b, model)))
         else:
-            raise ValueError(f"--replay cannot replay {m.label} (ngram and lookahead only)")
+            raise ValueError(f"--replay cannot replay {m.label} (ngram, suffix and lookahead only)")
     timing = replay_cost(cost)
-    results = []
-    for workload, pairs in requests.items():
-        for label, make in drafters:
-            totals = [replay(prompt, output, make, timing) for prompt, output in pairs]
-            tokens, steps, drafted, seconds = (sum(t[i] for t in totals) for i in range(4))
-            results.append(ReplayResult(workload, label, tokens, steps, drafted, seconds, tokens * timing.forward(1)))
-    return results
+    totals: dict[tuple[str, str], list[float]] = {}  # (workload, drafter) -> tokens, steps, drafted, seconds
+    for label, engine in drafters:
+        for workloads in rounds:  # each repeat on a new engine, its workloads in order (as the benchmark runs)
+            make = engine()
+            for workload, pairs in workloads.items():
+                t = totals.setdefault((workload, label), [0, 0, 0, 0.0])
+                for prompt, output in pairs:
+                    for i, v in enumerate(replay(prompt, output, make, timing)):
+                        t[i] += v
+    workload_order = list(dict.fromkeys(w for r in rounds for w in r))
+    return [ReplayResult(w, label, *map(int, t[:3]), t[3], t[0] * timing.forward(1))
+            for w in workload_order for label, _ in drafters if (t := totals.get((w, label)))]
 
 
 def to_markdown(results: list[ReplayResult], cost: str = "cpu") -> str:

@@ -98,6 +98,24 @@ class _Rate:
 LEAD_FIRST_LOGIT = (-1.5, -0.4, 1.2)
 SUPPORT_SLOPE = 1.0
 LEAD_NEXT_LOGIT = (0.25, 0.45, 1.4)
+# A lead found in the shared pool (``shared_pool``: other requests' outputs) is another text's
+# continuation, far less likely than the same evidence in the request's own text.  Teacher-forced over
+# the 2026-11-25 and 2026-11-24 (ablation-512) recordings, every position, one shared pool per engine:
+# first token at context 1 / 2 / 3, support 1: 12 % / 12 % / 29 % seen (the own-text model above: 18 /
+# 40 / 77 %); next tokens 19 / 40 / 48 % (own text: 69 / 77 / 94 %).  Its own tables, fitted to those:
+SHARED_FIRST_LOGIT = (-2.0, -1.9, -0.9)
+SHARED_SUPPORT_SLOPE = 0.7
+SHARED_NEXT_LOGIT = (-1.5, -0.5, -0.2)
+
+
+@dataclass(frozen=True)
+class LeadEvidence:
+    """Where a lead was found: ``context`` tokens matched by its pool's key, ``support`` times its
+    first token followed them (:meth:`~.pool.NgramPool.support`), ``shared``: in the shared pool."""
+
+    context: int = 1
+    support: int = 1
+    shared: bool = False
 
 
 def _sigmoid(z: float) -> float:
@@ -151,33 +169,34 @@ class LeadConfidence:
     next_record: _Calibration = field(default_factory=_Calibration)
 
     @staticmethod
-    def _first_logit(context: int, support: int) -> float:
-        return _by_context(LEAD_FIRST_LOGIT, context) + SUPPORT_SLOPE * math.log(max(support, 1))
+    def _first_logit(e: LeadEvidence) -> float:
+        first, slope = (SHARED_FIRST_LOGIT, SHARED_SUPPORT_SLOPE) if e.shared else (LEAD_FIRST_LOGIT, SUPPORT_SLOPE)
+        return _by_context(first, e.context) + slope * math.log(max(e.support, 1))
 
     @staticmethod
-    def _next_logit(context: int) -> float:
-        return _by_context(LEAD_NEXT_LOGIT, context)
+    def _next_logit(e: LeadEvidence) -> float:
+        return _by_context(SHARED_NEXT_LOGIT if e.shared else LEAD_NEXT_LOGIT, e.context)
 
-    def first(self, context: int, support: int) -> float:
+    def first(self, e: LeadEvidence) -> float:
         """Probability that the lead's first token is accepted."""
-        return _sigmoid(self._first_logit(context, support) + self.first_record.shift)
+        return _sigmoid(self._first_logit(e) + self.first_record.shift)
 
-    def next(self, context: int) -> float:
+    def next(self, e: LeadEvidence) -> float:
         """Probability that a next lead token is accepted once the tokens before it were."""
-        return _sigmoid(self._next_logit(context) + self.next_record.shift)
+        return _sigmoid(self._next_logit(e) + self.next_record.shift)
 
-    def gains(self, context: int, support: int, length: int) -> tuple[float, ...]:
+    def gains(self, e: LeadEvidence, length: int) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
         token adds to the expected accepted tokens (a chain is accepted up to its first miss)."""
-        out, g, q = [], self.first(context, support), self.next(context)
+        out, g, q = [], self.first(e), self.next(e)
         for _ in range(length):
             out.append(g)
             g *= q
         return tuple(out)
 
-    def tokens_above(self, context: int, support: int, floor: float, length: int) -> int:
+    def tokens_above(self, e: LeadEvidence, floor: float, length: int) -> int:
         """How many of :meth:`gains` (of ``length`` tokens) are at least ``floor``, without listing them."""
-        p, q = self.first(context, support), self.next(context)
+        p, q = self.first(e), self.next(e)
         if p < floor or p <= 0:
             return 0
         if floor <= 0 or q >= 1:
@@ -186,14 +205,14 @@ class LeadConfidence:
             return 1
         return min(length, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
 
-    def observe(self, context: int, support: int, tried: int, accepted: int) -> None:
+    def observe(self, e: LeadEvidence, tried: int, accepted: int) -> None:
         """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted."""
         if tried <= 0:
             return
-        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(context, support)))
+        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(e)))
         nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
         if nexts > 0:
-            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(context)))
+            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e)))
 
 
 @dataclass
@@ -205,12 +224,12 @@ class Acceptance:
     window_column: _Rate = field(default_factory=lambda: _Rate(PRIORS["window_column"], cap=1.0))
 
     def observe(self, *, lead: int, lead_accepted: int, candidates: int, accepted: int,
-                window_columns: int, window_accepted: int, context: int = 1, support: int = 1) -> None:
-        """One verified step: a lead of ``lead`` tokens (found after ``context`` tokens with
-        ``support``), of which ``lead_accepted`` accepted; ``candidates`` further candidates;
-        ``accepted`` draft tokens in all; ``window_columns`` columns run; ``window_accepted``
-        accepted tokens that came from window-only n-grams (drafted from the window's earlier steps)."""
-        self.lead.observe(context, support, lead, lead_accepted)
+                window_columns: int, window_accepted: int, evidence: LeadEvidence = LeadEvidence()) -> None:
+        """One verified step: a lead of ``lead`` tokens (found on ``evidence``), of which
+        ``lead_accepted`` accepted; ``candidates`` further candidates; ``accepted`` draft tokens in
+        all; ``window_columns`` columns run; ``window_accepted`` accepted tokens that came from
+        window-only n-grams (drafted from the window's earlier steps)."""
+        self.lead.observe(evidence, lead, lead_accepted)
         if candidates > 0:
             self.candidate.add(max(0, accepted - lead_accepted), candidates)
         self.window_column.add(window_accepted, window_columns)
@@ -248,12 +267,11 @@ def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
     ``base_tokens`` tokens, leads of up to ``span`` tokens: a piece is added only while
     ``g * T > E * dT``, and ``E / T`` starts at >= 1 / T(bare) and only grows as pieces are
     added, while ``dT`` is at least the cheapest marginal token of the range.  Lead tokens
-    expected to add less need not even be looked up (per-step work bounded by what can be drafted)."""
+    expected to add less need not even be looked up (per-step work bounded by what can be drafted).
+    Both times carry the same measured ``scale``, which cancels: O(1) per step once a range was seen."""
     if base_tokens <= 0:
         return 0.0
-    forward = [cost.forward(base_tokens + i) for i in range(span + 1)]
-    cheapest = min((b - a for a, b in zip(forward, forward[1:])), default=0.0)
-    return max(0.0, cheapest) / forward[0]
+    return max(0.0, cost.cheapest_token(base_tokens, span)) / cost.chain(base_tokens)
 
 
 def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None) -> list[DraftPlan]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .draft_length import DraftLength
-from .draft_rule import Acceptance, DraftOptions
+from .draft_rule import Acceptance, DraftOptions, LeadEvidence
 from .pool import NgramPool, SharedPools
 from .source import Source
 from .tree import DraftTree, TreeBuilder
@@ -55,8 +55,7 @@ class StepDraft:
     sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
     shadow_token: int = -1  # the first lead token the draft rule left out (-1: none)
-    lead_context: int = 1  # tokens of context the lead was found after (its pool's key length)
-    lead_support: int = 1  # times the lead's first token followed that context (NgramPool.support)
+    lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (for the acceptance record)
 
     @property
     def window_columns(self) -> int:
@@ -72,8 +71,7 @@ class StepCandidates:
     lead: tuple[int, ...]          # the lead candidate, grown to the request's lead length (or cut to the room)
     lead_sources: list[int]
     others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
-    lead_context: int = 1  # the lead's evidence (StepDraft.lead_context / lead_support)
-    lead_support: int = 1
+    lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (the rule's confidence in it)
 
 
 class RequestLookahead:
@@ -221,19 +219,20 @@ class RequestLookahead:
             found = found[:max_candidates]
         lead: tuple[int, ...] = ()
         lead_sources: list[int] = []
-        context = support = 1
+        evidence = LeadEvidence()
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
             # its length follows what was accepted (DraftLength).
-            context, support = pool.context, max(1, pool.support(recent, found[0][0][0]))
+            evidence = LeadEvidence(pool.context, max(1, pool.support(recent, found[0][0][0])),
+                                    shared=found[0][1] == Source.SHARED)
             length = self.lead_length.current
             if params.cost_rule:
                 # one more than can pay: a left-out token is still checked against the emitted one
                 length = min(params.lead_tokens,
-                             1 + self.acceptance.lead.tokens_above(context, support, min_gain, params.lead_tokens))
+                             1 + self.acceptance.lead.tokens_above(evidence, min_gain, params.lead_tokens))
             lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
-            int(root_token), lead, lead_sources, found[1:] if lead else [], lead_context=context, lead_support=support,
+            int(root_token), lead, lead_sources, found[1:] if lead else [], lead_evidence=evidence,
         )
 
     def draft_options(self, cands: StepCandidates, window: bool = True) -> DraftOptions:
@@ -245,7 +244,7 @@ class RequestLookahead:
             filled = self.window.filled
             rows = (filled - 1, *([filled] * (self.window.window_size - 1)))
         return DraftOptions(
-            lead_gains=acc.lead.gains(cands.lead_context, cands.lead_support, len(cands.lead)),
+            lead_gains=acc.lead.gains(cands.lead_evidence, len(cands.lead)),
             candidate_rows=tuple(len(c) for c, _ in cands.others),
             candidate_gain=acc.candidate.value,
             window_column_rows=rows,
@@ -294,7 +293,7 @@ class RequestLookahead:
             tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=len(lead_tokens),
             sources=builder.sources, window_start=window_start,
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
-            lead_context=cands.lead_context, lead_support=cands.lead_support,
+            lead_evidence=cands.lead_evidence,
         )
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
@@ -399,7 +398,7 @@ class RequestLookahead:
             lead=lead, lead_accepted=lead_accepted,
             candidates=further,
             accepted=accepted, window_columns=columns, window_accepted=window_accepted,
-            context=draft.lead_context, support=draft.lead_support,
+            evidence=draft.lead_evidence,
         )
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:

@@ -46,6 +46,7 @@ class StepCost:
     _scale_den: float = field(default=0.0, repr=False)
     _tree_extra: float = field(default=0.0, repr=False)
     _tree_rows: float = field(default=0.0, repr=False)
+    _cheapest: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
@@ -74,6 +75,17 @@ class StepCost:
         i = min(i, len(xs) - 1)  # past the last point: the last segment's slope
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def cheapest_token(self, start: int, count: int) -> float:
+        """The least time one more token adds to a chain forward of ``start`` .. ``start + count``
+        tokens, as profiled (before ``scale``; the profile never changes, so each range is worked
+        out once: the draft rule asks every step)."""
+        key = (int(start), int(count))
+        hit = self._cheapest.get(key)
+        if hit is None:
+            times = [self.chain(start + i) for i in range(count + 1)]
+            hit = self._cheapest[key] = min((b - a for a, b in zip(times, times[1:])), default=0.0)
+        return hit
 
     @property
     def scale(self) -> float:
