@@ -611,7 +611,7 @@ def test_step_candidates_carry_the_leads_evidence():
 
 def test_a_lead_from_the_shared_pool_is_believed_less_than_the_same_evidence_in_own_text():
     params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=2, shared_pool=True)
-    shared = SharedPools(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
+    shared = SharedPools.for_params(params)
     other = RequestLookahead(params, [0], seed=0, shared=shared)
     other.catch_up([0, 5, 6, 7, 8, 3, 3])  # another request's output: "5 6 7 8 3 3"
     state = RequestLookahead(params, [1, 2, 5, 6, 9, 4], seed=0, shared=shared)

@@ -104,7 +104,7 @@ def test_a_shared_pool_drafts_other_requests_output_credited_as_shared():
     from vllm_lookahead.core.pool import SharedPools
 
     params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=2)
-    shared = SharedPools(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
+    shared = SharedPools.for_params(params)
     first = RequestLookahead(params, [1, 2], seed=0, shared=shared)
     first.catch_up([1, 2, 40, 41, 42, 43])  # its output: 40 41 42 43
     second = RequestLookahead(params, [9, 9], seed=0, shared=shared)

@@ -260,8 +260,7 @@ AUTO = "auto"
 def _lookahead_engine(config: Any, budget: int | None, cost: StepCost | None) -> Callable[[list[int]], LookaheadCandidates]:
     """One engine's lookahead drafter: a request's state per prompt, the engine's shared pools
     (``shared_pool``) across them."""
-    shared = (SharedPools(config.ngram_size, config.guess_set_size, config.max_pool_keys, config.lookup_context)
-              if config.shared_pool else None)
+    shared = SharedPools.for_params(config) if config.shared_pool else None
     return lambda prompt: LookaheadCandidates(config, budget, prompt, cost, shared)
 
 

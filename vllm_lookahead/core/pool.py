@@ -27,11 +27,14 @@ so incremental learning never rescans history.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .source import Source
+
+if TYPE_CHECKING:
+    from vllm_lookahead.config import LookaheadConfig
 
 
 class NgramPool:
@@ -158,6 +161,11 @@ class SharedPools:
     def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int, lookup_context: int) -> None:
         self.pools = {k: NgramPool(ngram_size, guess_set_size, max_keys, context=k)
                       for k in range(lookup_context, 0, -1)}
+
+    @classmethod
+    def for_params(cls, params: LookaheadConfig) -> SharedPools:
+        """Shared pools shaped like every request's text pools under ``params``."""
+        return cls(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
         for pool in self.pools.values():

@@ -225,11 +225,12 @@ class RequestLookahead:
             # its length follows what was accepted (DraftLength).
             evidence = LeadEvidence(pool.context, max(1, pool.support(recent, found[0][0][0])),
                                     shared=found[0][1] == Source.SHARED)
-            length = self.lead_length.current
             if params.cost_rule:
                 # one more than can pay: a left-out token is still checked against the emitted one
                 length = min(params.lead_tokens,
                              1 + self.acceptance.lead.tokens_above(evidence, min_gain, params.lead_tokens))
+            else:
+                length = self.lead_length.current
             lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
             int(root_token), lead, lead_sources, found[1:] if lead else [], lead_evidence=evidence,

@@ -80,8 +80,8 @@ class RunnerLookahead:
         self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this forward
         self.requests: dict[str, RequestLookahead] = {}
         cfg = self.config
-        self.shared = SharedPools(cfg.ngram_size, cfg.guess_set_size, cfg.max_pool_keys, cfg.lookup_context) \
-            if cfg.shared_pool else None  # every request's output n-grams, for the others (opt-in)
+        # every request's output n-grams, for the others (opt-in)
+        self.shared = SharedPools.for_params(cfg) if cfg.shared_pool else None
         self.pending: dict[str, StepDraft] = {}
         self.outcomes: dict[str, StepOutcome] = {}
         self.batch: TreeBatch | None = None
@@ -274,8 +274,8 @@ class RunnerLookahead:
         drafts: list[list[int]] = []
         undrafted = self.report.undrafted
         wanted: list[tuple[int, str, RequestLookahead, StepCandidates, bool, int, Any]] = []
-        floor = lead_floor(self.step_cost(), decoding, self.config.lead_tokens) \
-            if budget is None and self.config.cost_rule and can_draft else 0.0
+        rule = budget is None and self.config.cost_rule  # the draft rule sizes this step
+        floor = lead_floor(self.step_cost(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
         for i, req_id in enumerate(runner.input_batch.req_ids):
             drafts.append([])
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
@@ -315,7 +315,7 @@ class RunnerLookahead:
                                           min_gain=floor)
             wanted.append((i, req_id, state, cands, chain, room, thinking))
         plans = None
-        if budget is None and self.config.cost_rule and wanted:
+        if rule and wanted:
             options = [state.draft_options(cands, window=not chain) for _, _, state, cands, chain, _, _ in wanted]
             plans = plan_step(options, self.step_cost(), base_tokens=decoding)
         for k, (i, req_id, state, cands, chain, room, thinking) in enumerate(wanted):

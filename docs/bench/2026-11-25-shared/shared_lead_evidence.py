@@ -32,7 +32,7 @@ def main(*recordings: str, max_tokens: int = 256) -> None:
     for rec in recordings:
         raw = json.loads(Path(rec).read_text())
         for workloads in recorded_rounds(raw, AutoTokenizer.from_pretrained(raw["plan"]["model"])):
-            shared = SharedPools(cfg.ngram_size, cfg.guess_set_size, cfg.max_pool_keys, cfg.lookup_context)
+            shared = SharedPools.for_params(cfg)
             for pairs in workloads.values():
                 for prompt, output in pairs:
                     output = output[:max_tokens]
