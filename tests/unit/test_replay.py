@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.bench.replay import LookaheadCandidates, accepted_by, replay
+from vllm_lookahead.bench.replay import LookaheadCandidates, accepted_by, measured_cost, replay, replay_cost
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core.tree import TreeBuilder
 
@@ -100,3 +101,22 @@ def test_replayed_shared_pool_drafts_a_new_request_from_an_earlier_output():
         # the new prompt lacks the loop: only the shared pool has it from the first request's output
         steps = replay([2, 3], [4, *loop, 5], engine)[1]
         assert steps == most_steps if not shared else steps <= most_steps
+
+
+def test_measured_cost_is_the_recordings_batch1_step_time_per_size():
+    timers = lambda sizes: {**{f"forward{n}_s": s * c for n, (s, c) in sizes.items()},
+                            **{f"forward{n}_calls": float(c) for n, (s, c) in sizes.items()}}
+    raw = {"methods": [
+        {"runs": {"code": [{"timers": timers({1: (0.030, 100)})}, {"timers": timers({1: (0.034, 100)})}]}},
+        {"runs": {"code": [{"timers": {**timers({1: (0.036, 50), 5: (0.045, 40), 9: (0.2, 3)}), "step_s": 9.0}}],
+                  # several requests per forward: not batch-1 steps
+                  "code@c4": [{"timers": timers({5: (0.5, 100), 12: (0.060, 100)})}]}},
+        {"runs": {"qa": [{"timers": timers({5: (0.050, 60)})}]}},  # a tree method: dearer at the same size
+    ]}
+    cost = measured_cost(raw)
+    assert cost.tokens == (1, 5)  # size 9 was seen 3 times only; size 12 only at 4 in flight
+    assert cost.seconds[0] == pytest.approx(0.032)  # a method's runs pooled; the cheapest method per size
+    assert cost.seconds[1] == pytest.approx(0.045)
+    assert replay_cost("measured", raw).tokens == (1, 5)
+    with pytest.raises(ValueError):
+        measured_cost({"methods": [{"runs": {"code": [{"timers": {"step_s": 1.0}}]}}]})

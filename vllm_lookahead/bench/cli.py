@@ -67,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "batch 1 -- the draft rule for max_tokens_per_step 'auto'; -1 = no limit)")
     p.add_argument("--replay-cost", default="cpu",
                    help="forward-cost model of the replayed draft rule: cpu (this project's CPU profile), "
+                   "measured (the recording's own step time per forward size, at batch 1), "
                    "a100 or h100 (the projection's roofline: what the rule would choose there), or a JSON "
                    "file as the engine logs it (default: cpu)")
     p.add_argument("--replay-max-tokens", type=int, default=None,

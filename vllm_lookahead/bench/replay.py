@@ -9,8 +9,9 @@ gives MAT and draft tokens per step of
 * lookahead's verification branch: pool candidates as the engine's proposer builds
   them at batch 1 -- with ``max_tokens_per_step: "auto"`` sized by the same draft
   rule (:func:`~vllm_lookahead.core.draft_rule.plan_step`) under a forward-cost
-  model (``--replay-cost``: this CPU's profile, or the A100/H100 roofline of
-  :mod:`.projection` -- what the rule would choose there), otherwise within a fixed
+  model (``--replay-cost``: this CPU's profile, the recording's own step times
+  (:func:`measured_cost`), or the A100/H100 roofline of :mod:`.projection` --
+  what the rule would choose there), otherwise within a fixed
   per-step budget (``--replay-budget``); the Jacobi window needs the model's
   outputs and is left out;
 * vLLM's ``ngram`` drafter (its own matching function, k=4, lookup 2..4);
@@ -30,6 +31,7 @@ within 0.01 of the engine's on every category of the 2026-11-25 run).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -264,17 +266,58 @@ def _lookahead_engine(config: Any, budget: int | None, cost: StepCost | None) ->
     return lambda prompt: LookaheadCandidates(config, budget, prompt, cost, shared)
 
 
-def replay_cost(name: str) -> StepCost:
+def replay_cost(name: str, raw: dict[str, Any] | None = None) -> StepCost:
     """The forward-cost model ``--replay-cost`` names: "cpu" (this project's CPU profile),
-    "a100"/"h100" (the roofline of bench/projection.py), or a JSON file (``StepCost.to_dict``)."""
+    "measured" (the recording ``raw``'s own step times, :func:`measured_cost`), "a100"/"h100"
+    (the roofline of bench/projection.py), or a JSON file (``StepCost.to_dict``)."""
     from vllm_lookahead.bench import projection
     from vllm_lookahead.engine.cost_profile import fallback_cost
 
     if name == "cpu":
         return fallback_cost()
+    if name == "measured":
+        if raw is None:
+            raise ValueError("--replay-cost measured needs the recording")
+        return measured_cost(raw)
     if name in ("a100", "h100"):
         return projection.step_cost(projection.A100 if name == "a100" else projection.H100)
     return StepCost.from_dict(json.loads(Path(name).read_text()))
+
+
+def measured_cost(raw: dict[str, Any], min_calls: int = 10) -> StepCost:
+    """What a forward of each size cost in the recording ``raw`` (a ``results.json``): the engine's
+    step time (``execute_model``, the bench's ``forward<T>`` timers) per number of tokens T in the
+    batch-1 workloads, for each size the cheapest method's mean over at least ``min_calls`` steps
+    (a branching tree only adds its tree pass to a chain of the same size; with no chain method at
+    a size, the trees' time stands for it); tree rows at the bundled profile's price.  Unlike the
+    start-up profile (dummy forwards) it holds what real steps add: attention over real contexts,
+    input preparation, the rows' logits -- on the 2026-11-25 runs of this CPU a draft token cost
+    ~1.5 ms of real step where the profile, scaled to the same 1-token time, says ~1.2.  It models
+    the machine and the methods that recorded it: a recording with chain methods (suffix, ngram,
+    lookahead's defaults) at batch 1."""
+    from vllm_lookahead.engine.cost_profile import FALLBACK
+
+    best: dict[int, float] = {}
+    for method in raw["methods"]:
+        totals: dict[int, list[float]] = {}
+        for workload, runs in method.get("runs", {}).items():
+            if re.search(r"@c\d+", workload):
+                continue  # several requests per forward: not a batch-1 step
+            for run in runs:
+                timers = run.get("timers", {})
+                for key, seconds in timers.items():
+                    size = re.fullmatch(r"forward(\d+)_s", key)
+                    if size:
+                        t = totals.setdefault(int(size[1]), [0.0, 0.0])
+                        t[0] += float(seconds)
+                        t[1] += float(timers.get(f"forward{size[1]}_calls", 0.0))
+        for n, (seconds, calls) in totals.items():
+            if calls >= min_calls:
+                best[n] = min(best.get(n, float("inf")), seconds / calls)
+    if not best:
+        raise ValueError("the recording has no per-size step timers at batch 1 (bench runs since 2026-11-25 have)")
+    points = sorted(best.items())
+    return StepCost(tuple(n for n, _ in points), tuple(s for _, s in points), tree_row_prior=FALLBACK.tree_row_prior)
 
 
 def run_replay(
@@ -311,12 +354,12 @@ def run_replay(
             config = LookaheadConfig.model_validate(keys, strict=False)
             rule = budget == AUTO and config.cost_rule
             b = config.draft_budget(1) if budget == AUTO else budget  # the proposer at batch 1
-            model = replay_cost(cost) if rule else None
+            model = replay_cost(cost, raw) if rule else None
             label = f"{m.label} (" + (f"draft rule, {cost} cost" if rule else f"budget {b if b is not None else 'none'}") + ")"
             drafters.append((label, lambda c=config, b=b, model=model: _lookahead_engine(c, b, model)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram, suffix and lookahead only)")
-    timing = replay_cost(cost)
+    timing = replay_cost(cost, raw)
     totals: dict[tuple[str, str], list[float]] = {}  # (workload, drafter) -> tokens, steps, drafted, seconds
     for label, engine in drafters:
         for workloads in rounds:  # each repeat on a new engine, its workloads in order (as the benchmark runs)
