@@ -106,7 +106,9 @@ def test_replayed_shared_pool_drafts_a_new_request_from_an_earlier_output():
 def test_measured_cost_is_the_recordings_batch1_step_time_per_size():
     timers = lambda sizes: {**{f"forward{n}_s": s * c for n, (s, c) in sizes.items()},
                             **{f"forward{n}_calls": float(c) for n, (s, c) in sizes.items()}}
-    raw = {"methods": [
+    workloads = [{"name": "code", "concurrency": 1}, {"name": "qa", "concurrency": 1},
+                 {"name": "code@c4", "concurrency": 4}]
+    raw = {"workloads": workloads, "methods": [
         {"runs": {"code": [{"timers": timers({1: (0.030, 100)})}, {"timers": timers({1: (0.034, 100)})}]}},
         {"runs": {"code": [{"timers": {**timers({1: (0.036, 50), 5: (0.045, 40), 9: (0.2, 3)}), "step_s": 9.0}}],
                   # several requests per forward: not batch-1 steps
@@ -119,4 +121,4 @@ def test_measured_cost_is_the_recordings_batch1_step_time_per_size():
     assert cost.seconds[1] == pytest.approx(0.045)
     assert replay_cost("measured", raw).tokens == (1, 5)
     with pytest.raises(ValueError):
-        measured_cost({"methods": [{"runs": {"code": [{"timers": {"step_s": 1.0}}]}}]})
+        measured_cost({"workloads": workloads, "methods": [{"runs": {"code": [{"timers": {"step_s": 1.0}}]}}]})

@@ -31,7 +31,6 @@ within 0.01 of the engine's on every category of the 2026-11-25 run).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -295,23 +294,14 @@ def measured_cost(raw: dict[str, Any], min_calls: int = 10) -> StepCost:
     ~1.5 ms of real step where the profile, scaled to the same 1-token time, says ~1.2.  It models
     the machine and the methods that recorded it: a recording with chain methods (suffix, ngram,
     lookahead's defaults) at batch 1."""
+    from vllm_lookahead.bench.report import forward_shapes
     from vllm_lookahead.engine.cost_profile import FALLBACK
 
+    concurrency = {w["name"]: w["concurrency"] for w in raw["workloads"]}
     best: dict[int, float] = {}
     for method in raw["methods"]:
-        totals: dict[int, list[float]] = {}
-        for workload, runs in method.get("runs", {}).items():
-            if re.search(r"@c\d+", workload):
-                continue  # several requests per forward: not a batch-1 step
-            for run in runs:
-                timers = run.get("timers", {})
-                for key, seconds in timers.items():
-                    size = re.fullmatch(r"forward(\d+)_s", key)
-                    if size:
-                        t = totals.setdefault(int(size[1]), [0.0, 0.0])
-                        t[0] += float(seconds)
-                        t[1] += float(timers.get(f"forward{size[1]}_calls", 0.0))
-        for n, (seconds, calls) in totals.items():
+        runs = [run for name, rs in method.get("runs", {}).items() if concurrency.get(name) == 1 for run in rs]
+        for n, (calls, seconds) in forward_shapes(runs).items():
             if calls >= min_calls:
                 best[n] = min(best.get(n, float("inf")), seconds / calls)
     if not best:
@@ -338,6 +328,7 @@ def run_replay(
     rounds = recorded_rounds(raw, AutoTokenizer.from_pretrained(raw["plan"]["model"]))
     if max_tokens is not None:
         rounds = [{w: [(p, o[:max_tokens]) for p, o in pairs] for w, pairs in r.items()} for r in rounds]
+    timing = replay_cost(cost, raw)  # prices every replayed step; the replayed draft rule plans with it too
     drafters: list[tuple[str, Callable[[], Callable[[list[int]], Any]]]] = []  # label, a new engine's drafter
     for spec in methods:
         m = parse_method(spec)
@@ -354,12 +345,11 @@ def run_replay(
             config = LookaheadConfig.model_validate(keys, strict=False)
             rule = budget == AUTO and config.cost_rule
             b = config.draft_budget(1) if budget == AUTO else budget  # the proposer at batch 1
-            model = replay_cost(cost, raw) if rule else None
+            model = timing if rule else None
             label = f"{m.label} (" + (f"draft rule, {cost} cost" if rule else f"budget {b if b is not None else 'none'}") + ")"
             drafters.append((label, lambda c=config, b=b, model=model: _lookahead_engine(c, b, model)))
         else:
             raise ValueError(f"--replay cannot replay {m.label} (ngram, suffix and lookahead only)")
-    timing = replay_cost(cost, raw)
     totals: dict[tuple[str, str], list[float]] = {}  # (workload, drafter) -> tokens, steps, drafted, seconds
     for label, engine in drafters:
         for workloads in rounds:  # each repeat on a new engine, its workloads in order (as the benchmark runs)

@@ -316,7 +316,7 @@ def source_table(raw: dict[str, Any]) -> list[str]:
     return lines if len(lines) > header_len + 1 else []
 
 
-def _forward_shapes(runs: list[dict]) -> dict[int, list[float]]:
+def forward_shapes(runs: list[dict]) -> dict[int, list[float]]:
     """Tokens in the forward -> [calls, seconds] of execute_model, summed over runs."""
     shapes: dict[int, list[float]] = {}
     for r in runs:
@@ -355,7 +355,7 @@ def step_breakdown(raw: dict[str, Any], num_shapes: int = 3) -> list[str]:
     for group, per_method in groups.items():
         if not any(_sum(runs, "timers", "engine_step_calls") for runs in per_method.values()):
             continue  # results from before these timers existed
-        shapes_of = {label: _forward_shapes(runs) for label, runs in per_method.items()}
+        shapes_of = {label: forward_shapes(runs) for label, runs in per_method.items()}
         pooled: dict[int, float] = {}
         for shape in shapes_of.values():
             for tokens, (calls, _) in shape.items():
