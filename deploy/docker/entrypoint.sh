@@ -5,13 +5,15 @@
 #   entrypoint.sh [MODEL] [vllm serve options...]
 #
 # runs `vllm-lookahead serve` with these arguments plus
-# `--speculative-config "<the JSON of $LOOKAHEAD_PRESET>"`.  `vllm-lookahead serve` is `vllm serve`;
-# without a MODEL it serves the bundled SmolLM2-135M-Instruct (CPU image, local install).
+# `--speculative-config "<the JSON of $LOOKAHEAD_PRESET>"`.  `vllm-lookahead serve` is `vllm serve`
+# with lookahead and CPU defaults (`vllm-lookahead serve --help` lists them); without a MODEL it
+# serves the bundled SmolLM2-135M-Instruct (CPU image, local install).
 #
 # LOOKAHEAD_PRESET: a preset name from configs/ ("lookahead-code" or "lookahead-code.json", looked up
 # in $LOOKAHEAD_CONFIGS) or a path to a JSON file (e.g. a mounted Kubernetes ConfigMap).  Empty: no
-# preset is added.  Arguments that already set the speculative config (--speculative-config, -sc,
-# --speculative-config.KEY) win: then no preset is added either.
+# preset is added (lookahead with its default settings).  Arguments that already set the speculative
+# config (--speculative-config, -sc, --speculative-config.KEY) or turn it off (--no-speculation) win:
+# then no preset is added either.
 set -eu
 
 configs="${LOOKAHEAD_CONFIGS:-/opt/vllm-lookahead/configs}"
@@ -19,7 +21,7 @@ preset="${LOOKAHEAD_PRESET:-}"
 
 for arg in "$@"; do
     case "$arg" in
-        --speculative-config | --speculative-config[=.]* | --speculative_config | --speculative_config[=.]* | -sc | -sc[=.]*)
+        --speculative-config | --speculative-config[=.]* | --speculative_config | --speculative_config[=.]* | -sc | -sc[=.]* | --no-speculation)
             preset=""
             ;;
     esac

@@ -45,8 +45,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{name}.log"
         argv = [*CLI, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
-        if spec is not None:
-            argv += ["--speculative-config", json.dumps(spec)]
+        argv += ["--no-speculation"] if spec is None else ["--speculative-config", json.dumps(spec)]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -9,7 +9,7 @@ import time
 import urllib.request
 
 import pytest
-from servers import CLI
+from servers import CLI, TOY_ARGS, Server, metric_total, start_all
 from servers import free_port as _free_port
 
 pytestmark = pytest.mark.engine
@@ -89,3 +89,24 @@ def test_serve_default_model_answers_chat_completion(real_model):
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_serve_named_model_no_speculation_keeps_the_cpu_defaults(toy_model, tmp_path):
+    """``serve MODEL --no-speculation``: vLLM gets the CPU defaults and no speculative config, says
+    so in one line, and the server answers without drafting."""
+    server = Server("no-speculation", toy_model, None, TOY_ARGS, tmp_path)
+    try:
+        start_all([server], seconds=300)
+        body = json.dumps({"model": "toy", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}).encode()
+        req = urllib.request.Request(server.base + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert json.load(r)["usage"]["completion_tokens"] == 8
+        assert metric_total(server.metrics(), "vllm:spec_decode_num_drafts_total") == 0
+    finally:
+        server.stop()
+    log = server.log.read_text(errors="replace").splitlines()
+    (note,) = [line for line in log if line.startswith("vllm-lookahead serve:")]
+    assert note.startswith("vllm-lookahead serve: no speculative decoding; defaults added: --dtype float32")
+    (command,) = [line for line in log if line.startswith("+ ")]
+    assert "--speculative-config" not in command and "--no-speculation" not in command
+    assert "--dtype float32" in command and "--gpu-memory-utilization 0.3" in command

@@ -3,8 +3,8 @@
 ``none``
     no speculation (the reference for speedup and exactness)
 ``ngram[:{json}]``
-    vLLM's prompt-lookup drafter; default ``k=4``, lookup 2..4 (the settings the
-    issue's reference figure used); the JSON overrides vLLM keys
+    vLLM's prompt-lookup drafter; default ``k=4``, lookup 2..4 (the settings of the
+    ngram reference figure in docs/results.md, MAT ~1.9 on chat and code); the JSON overrides vLLM keys
 ``suffix[:{json}]``
     vLLM's suffix decoding (needs ``arctic-inference``; skipped with the reason
     when it cannot be imported)

@@ -36,10 +36,10 @@ PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 REPEATS = 3
 
 # SmolLM2-135M fp32 on the project's 2-core CPU (Intel Xeon, oneDNN), as this module profiled it
-# (2026-11-25, session 13: forward + LM head), with 0.4 ms per tree row: what branching steps added
-# over chains in that day's benchmark (attention ms/step and the window's logits rows, bench
-# docs/bench/2026-11-25-confidence).  (The previous machine, an AMD EPYC: 18.5 ms at 1 token, a
-# plateau from 2 to 8, 3.1 ms per tree row with the tree pass before session 13.)
+# (2026-11-25, forward + LM head), with 0.4 ms per tree row: what branching steps added over chains
+# in that day's benchmark (attention ms/step and the window's logits rows, bench
+# docs/bench/2026-11-25-confidence).  (On a 2-core AMD EPYC: 18.5 ms at 1 token, a plateau from 2
+# to 8, 3.1 ms per tree row with the tree pass that attended draft rows twice, before commit 8ac2985.)
 FALLBACK = StepCost((1, 2, 4, 8, 16, 32, 64, 128), (0.0325, 0.0342, 0.0357, 0.0417, 0.0487, 0.0640, 0.0970, 0.1650),
                     tree_row_prior=0.0004)
 

@@ -1,9 +1,9 @@
-"""Micro-benchmark: the tree pass per layer vs vLLM's CPU kernel, SmolLM2-135M shapes (session 13).
+"""Micro-benchmark: the tree pass per layer vs vLLM's CPU kernel, SmolLM2-135M shapes (2026-11-25).
 
     .venv/bin/python docs/bench/2026-11-25-attention/attention_microbench.py 128 500   # block size, context
 
 Per tree shape (lead chain + window columns): the pass's time per layer, and vLLM's kernel over all
-of a tree request's rows vs over its root + leading chain only (what it runs since session 13).
+of a tree request's rows vs over its root + leading chain only (what it runs since commit 8ac2985).
 """
 import time, sys
 import numpy as np, torch

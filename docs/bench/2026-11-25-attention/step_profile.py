@@ -1,4 +1,4 @@
-"""Where a tree step's time goes: in-process engine, bundled model, batch 1 (session 13).
+"""Where a tree step's time goes: in-process engine, bundled model, batch 1 (2026-11-25).
 
 Times (perf_counter around the functions) vLLM's CPU attention kernel, lookahead's tree pass,
 the LM head, verification and propose, per engine step, over 6 prompts (mt_bench, code,
@@ -7,8 +7,8 @@ summarization; 2 each) x 256 greedy tokens.  Usage, from the repo root:
     .venv/bin/python docs/bench/2026-11-25-attention/step_profile.py '{"method": "lookahead", "max_tokens_per_step": 0}'
     .venv/bin/python docs/bench/2026-11-25-attention/step_profile.py null   # no speculation
 
-Run before and after the tree-attention change of session 13 (commit 8ac2985) on the same
-machine; results in docs/results.md, "2026-11-25 (session 13)".
+Run before and after the tree-attention change of commit 8ac2985 on the same machine; results in
+docs/results.md, "2026-11-25 -- cheaper trees, ...", "Cheaper tree steps".
 """
 import os, sys, time, json, collections
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
