@@ -157,3 +157,20 @@ def compare(baseline: list[Completion], candidate: list[Completion], label: str)
         if not (gap <= TIE_TOLERANCE):
             failures.append(line)
     return report, failures
+
+
+def real_prompt(model: str) -> list[int]:
+    """Mid-repetition inside the assistant turn: the model copies the sentence on."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    text = "The quick brown fox jumps over the lazy dog near the river bank."
+    for pad in range(64):  # 32k + 1 tokens: requests share k cached blocks and compute one token
+        messages = [{"role": "user", "content": f"Repeat this sentence five times{'!' * pad}: {text}"},
+                    {"role": "assistant", "content": " ".join([text] * 3) + " The quick brown fox"}]
+        ids = tok.apply_chat_template(messages, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        end = len(ids) - 1 - ids[::-1].index(tok.convert_tokens_to_ids("<|im_end|>"))
+        if end % 32 == 1:
+            return ids[:end]
+    raise AssertionError("no padding gives a prompt of 32k + 1 tokens")

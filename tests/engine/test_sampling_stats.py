@@ -28,7 +28,7 @@ from collections import Counter
 
 import pytest
 
-from harness import REAL_TREE, TOY_TREE, Engine, counter_delta, mean_accepted_tokens
+from harness import REAL_TREE, TOY_TREE, Engine, counter_delta, mean_accepted_tokens, real_prompt
 from vllm_lookahead.testing.stats import compare_samples, compare_to_exact
 
 pytestmark = pytest.mark.engine
@@ -111,23 +111,6 @@ def test_toy_sampling_matches_vllm(sharp_toy_model, engines):
             got, mat = sample(engine, prompt, name, 10_000_000 * k)
             comparisons.append((f"toy {mode} {name}", compare_samples(histograms(ref[name]), histograms(got), ALPHA), mat))
     check(comparisons)
-
-
-def real_prompt(model: str) -> list[int]:
-    """Mid-repetition inside the assistant turn: the model copies the sentence on."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    text = "The quick brown fox jumps over the lazy dog near the river bank."
-    for pad in range(64):  # 32k + 1 tokens: requests share k cached blocks and compute one token
-        messages = [{"role": "user", "content": f"Repeat this sentence five times{'!' * pad}: {text}"},
-                    {"role": "assistant", "content": " ".join([text] * 3) + " The quick brown fox"}]
-        ids = tok.apply_chat_template(messages, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        end = len(ids) - 1 - ids[::-1].index(tok.convert_tokens_to_ids("<|im_end|>"))
-        if end % 32 == 1:
-            return ids[:end]
-    raise AssertionError("no padding gives a prompt of 32k + 1 tokens")
 
 
 def exact_histograms(model: str, prompt: list[int], params: dict) -> tuple[dict[str, dict], list[set]]:

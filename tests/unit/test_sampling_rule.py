@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import TreeBuilder
-from vllm_lookahead.core.sampling import children_with_logits, sample_from, tree_speculative_sample
+from vllm_lookahead.core.sampling import children_with_logits, coupled_walk, sample_from, tree_speculative_sample
 from vllm_lookahead.core.tree import DraftTree
 from vllm_lookahead.testing.stats import compare_samples, sequence_histograms
 from vllm_lookahead.testing.wrong_rules import WRONG_RULES
@@ -165,9 +165,58 @@ def branching_tree(model: TableModel) -> Callable[[tuple], DraftTree]:
     return make
 
 
-@pytest.mark.parametrize("name", ["the rule", *WRONG_RULES])
+def gumbel_max(p: np.ndarray, uniform: Callable[[], float]) -> int:
+    """A Gumbel-max sample of ``p`` (``argmax(p / q)``, ``q`` exponential: the same), one
+    position's noise = one uniform per vocabulary entry."""
+    noise = np.array([uniform() for _ in range(len(p))])
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(p) - np.log(-np.log(noise))))
+
+
+def coupled_rule(tree: DraftTree, probs: Callable[[int], np.ndarray], uniform: Callable[[], float]):
+    """The coupled walk with the root's token sampled first, as the engine's sampler does."""
+    return coupled_walk(tree, gumbel_max(probs(0), uniform), lambda node: gumbel_max(probs(node), uniform))
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), size=st.integers(1, 14), steps=st.integers(1, 4))
+def test_the_coupled_walk_emits_what_sampling_with_the_same_noise_emits(seed, size, steps):
+    """Per position one noise, in order: the walk's tokens are token for token those of plain
+    sampling that draws the same stream -- a seeded request reproduces -- and the stream has
+    advanced by exactly one position per emitted token, whatever the tree."""
+    rng = np.random.default_rng(seed)
+    model = TableModel(seed)
+    context = (int(rng.integers(VOCAB)), int(rng.integers(VOCAB)))
+    noise = rng.random((128, VOCAB))
+    plain, used = [], 0
+    while len(plain) < 64:  # sampling without speculation
+        plain.append(gumbel_max(model(context + tuple(plain)), iter(noise[used]).__next__))
+        used += 1
+    walked, used, accepted = [], 0, 0
+    for _ in range(steps):  # drafted steps: a tree that holds the true continuation at times
+        text = context + tuple(walked)
+        b = TreeBuilder(text[-1])
+        truth = plain[len(walked) : len(walked) + size]
+        b.add_chain(0, [int(t) for t in truth[: int(rng.integers(1, size)) if size > 1 else 0]], True, merge=True)
+        while b.size < size:
+            b.add(int(rng.integers(0, b.size)), int(rng.integers(0, VOCAB)), bool(rng.random() < 0.8))
+        tree = b.build()
+        probs = [model(c) for c in node_contexts(tree, text)]
+        draws = iter(noise[used:].reshape(-1))
+        path, last = coupled_rule(tree, probs.__getitem__, draws.__next__)
+        emitted = [int(t) for t in tree.tokens[path]] + [last]
+        used += len(emitted)
+        accepted += len(path)
+        walked += emitted
+        assert walked == plain[: len(walked)]
+    assert used == len(walked)
+    assert accepted >= (steps if size > 1 else 0)  # the true continuation's first token is always drafted
+
+
+@pytest.mark.parametrize("name", ["the rule", "the coupled rule", *WRONG_RULES])
 def test_the_chi_square_harness_accepts_the_rule_and_rejects_wrong_ones(name):
-    rule, should_pass = (tree_speculative_sample, True) if name == "the rule" else (WRONG_RULES[name], False)
+    rules = {"the rule": tree_speculative_sample, "the coupled rule": coupled_rule}
+    rule, should_pass = (rules[name], True) if name in rules else (WRONG_RULES[name], False)
     model = TableModel(seed=3)
     context = (1, 2)
     make = branching_tree(model)

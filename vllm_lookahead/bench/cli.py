@@ -4,6 +4,7 @@
     vllm-lookahead bench --methods none ngram 'lookahead:{"window_size":4}' --concurrency 1 4
     vllm-lookahead bench --report-only bench-results/results.json
     vllm-lookahead bench --replay bench-results/results.json --methods ngram lookahead 'lookahead:{"lookup_context":1}'
+    vllm-lookahead bench --project bench-results/results.json --project-cost gpu/cost_b1.json gpu/cost_b16.json
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no engine: project the batch-1 MAT and draft sizes of an earlier results.json onto "
                    "A100/H100 with a 7B bf16 model under a roofline cost model (a model, not a measurement; "
                    "bench/projection.py)")
+    p.add_argument("--project-cost", nargs="+", metavar="COST_JSON", default=None,
+                   help="with --project: price forwards with costs measured on a GPU instead of the roofline, "
+                   "one column per file (cost_b<B>.json of python -m vllm_lookahead.bench.gpu_check, or any "
+                   "StepCost JSON)")
     p.add_argument("--replay-budget", type=int, default=None,
                    help="draft tokens per step for replayed lookahead (default: what the config does at "
                    "batch 1 -- the draft rule for max_tokens_per_step 'auto'; -1 = no limit)")
@@ -104,9 +109,12 @@ def run(args: argparse.Namespace) -> int:
         print(replay_markdown(results, args.replay_cost))
         return 0
     if args.project:
-        from vllm_lookahead.bench.projection import project
+        from vllm_lookahead.bench.projection import project, project_measured
 
-        print(project(Path(args.project)))
+        if args.project_cost:
+            print(project_measured(Path(args.project), [Path(f) for f in args.project_cost]))
+        else:
+            print(project(Path(args.project)))
         return 0
     if args.report_only:
         raw = json.loads(Path(args.report_only).read_text())

@@ -15,9 +15,10 @@ the A100 curve is flat to 64 tokens and 1.17x at 112, against the Medusa paper's
 simulated A100 7B curve (flat to 64, ~1.1x at 80-96, ~1.2x at 112; Cai et al.,
 2024, arXiv:2401.10774, Fig. 7).  ``t_step`` is what a step costs besides the
 weights (launches, sampling, bookkeeping); ``t_tree`` what a branching tree adds:
-this plugin's eager per-layer tree-attention pass (gathers of the queries and the
-paged K and V, two batched matmuls and a softmax, a scatter: 8 launches per layer,
-outside CUDA graphs, :mod:`vllm_lookahead.engine.attention`).  vLLM's DDTree PR
+this plugin's eager per-layer tree-attention launch on CUDA (the Triton kernel of
+:mod:`vllm_lookahead.kernels.tree_attention`, one launch per layer outside CUDA graphs;
+its memory traffic is not in the roofline -- ``--project-cost`` prices it as measured).
+vLLM's DDTree PR
 measured a tree at 99 tok/s against a chain at 145 under CUDA graphs on an RTX
 A6000 -- overheads decide, so the table gives the tree both with and without it.
 
@@ -26,6 +27,10 @@ the bundled 135M model, which repeats itself much more than a 7B chat model (its
 MAT 2-7 at 512 tokens against the lookahead paper's ~1.5-2x speedups on A100 with
 7B models), so the figures say how draft shapes rank on a GPU, not what a 7B model
 would gain.
+
+``bench --project --project-cost FILE...`` prices the same rows with forward costs measured on a
+GPU instead (:func:`project_measured`: the ``cost_b<B>.json`` files of ``python -m
+vllm_lookahead.bench.gpu_check``, a Llama-3.1-8B-shaped decoder timed per tokens and batch).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from vllm_lookahead.core.step_cost import StepCost
@@ -64,9 +69,10 @@ class Model:
 
 
 LLAMA_7B = Model("7B (LLaMA-2-7B shape), bf16", 6.74e9, 32)
-# engine/attention.py's pass: gather q, K, V; scale q; q K^T; + mask; softmax; (.) V; scatter the rows.
-# (The GPU backends' kernels still attend the draft rows first: their work is not counted.)
-TREE_LAUNCHES_PER_LAYER = 8
+# The Triton tree-attention kernel on CUDA: one launch per layer, splits combined in it (the torch
+# pass it replaced was 8).  (The GPU backends' kernels still attend the draft rows first: their work
+# is not counted.)
+TREE_LAUNCHES_PER_LAYER = 1
 
 
 def forward_seconds(gpu: Gpu, model: Model, tokens: int, branching: bool = False, tree_pass: bool = True) -> float:
@@ -92,14 +98,25 @@ def knee_tokens(gpu: Gpu, model: Model) -> float:
     return memory * gpu.eta_mfu * gpu.bf16_flops / (2.0 * model.params)
 
 
-def project(results_json: Path, gpus: tuple[Gpu, ...] = (A100, H100), model: Model = LLAMA_7B) -> str:
-    """Markdown: measured MAT and draft size per speculative method and batch-1 workload of a
-    ``results.json``, and the projected speedup on each GPU (tree with and without the eager pass)."""
+def _speculative_rows(results_json: Path) -> list[tuple[Any, bool]]:
+    """The batch-1 greedy rows of speculative methods in a ``results.json``, each with whether the
+    method's drafts branch."""
     from vllm_lookahead.bench.report import build_rows
 
     raw: dict[str, Any] = json.loads(Path(results_json).read_text())
     branching_of = {m["method"]: _branching(m.get("speculative_config")) for m in raw["methods"]}
-    rows = [r for r in build_rows(raw) if r.concurrency == 1 and r.temperature == 0 and r.draft_per_step > 0]
+    return [(r, branching_of.get(r.method, False)) for r in build_rows(raw)
+            if r.concurrency == 1 and r.temperature == 0 and r.draft_per_step > 0]
+
+
+def _row_start(r: Any, branching: bool) -> str:
+    return (f"| {r.method} | {r.workload} | {r.mat:.2f} | {r.draft_per_step:.1f} | "
+            f"{'yes' if branching else 'chain'} | ")
+
+
+def project(results_json: Path, gpus: tuple[Gpu, ...] = (A100, H100), model: Model = LLAMA_7B) -> str:
+    """Markdown: measured MAT and draft size per speculative method and batch-1 workload of a
+    ``results.json``, and the projected speedup on each GPU (tree with and without the eager pass)."""
     head = " | ".join(f"{g.name}" + (" (no tree pass)" if i else "") for g in gpus for i in (0, 1))
     lines = [
         f"Projection, not a measurement: {model.name} at batch 1, roofline knee "
@@ -109,14 +126,46 @@ def project(results_json: Path, gpus: tuple[Gpu, ...] = (A100, H100), model: Mod
         f"| method | workload | MAT | draft/step | tree | {head} |",
         "|---|---|---|---|---|" + "---|" * (2 * len(gpus)),
     ]
-    for r in rows:
-        branching = branching_of.get(r.method, False)
+    for r, branching in _speculative_rows(results_json):
         cells = []
         for g in gpus:
             for tree_pass in (True, False):
                 cells.append(f"{projected_speedup(g, model, r.mat, r.draft_per_step, branching, tree_pass):.2f}x")
-        lines.append(f"| {r.method} | {r.workload} | {r.mat:.2f} | {r.draft_per_step:.1f} | "
-                     f"{'yes' if branching else 'chain'} | " + " | ".join(cells) + " |")
+        lines.append(_row_start(r, branching) + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def measured_speedup(cost: "StepCost", mat: float, draft_tokens: float, branching: bool) -> float:
+    """Tokens/s over no speculation under a measured cost: ``mat`` tokens per forward of
+    ``1 + draft_tokens`` tokens, every draft row priced as a tree row when the drafts branch (the
+    tree pass recomputes the rows after a tree's leading chain: an upper bound)."""
+    tokens = round(1 + draft_tokens)
+    return mat * cost.forward(1) / cost.forward(tokens, tokens - 1 if branching else 0)
+
+
+def project_measured(results_json: Path, cost_files: Sequence[Path]) -> str:
+    """Markdown: like :func:`project`, with forward costs measured on a GPU instead of the
+    roofline -- one column per ``cost_b<B>.json`` of ``python -m vllm_lookahead.bench.gpu_check``
+    (or any ``StepCost`` JSON), each the cost of forwards of ``B`` requests drafting alike."""
+    from vllm_lookahead.core.step_cost import StepCost
+
+    raws = [json.loads(Path(path).read_text()) for path in cost_files]
+    costs = [StepCost.from_dict(raw) for raw in raws]
+    gpus = [raw.get("gpu", Path(path).stem) for raw, path in zip(raws, cost_files)]
+    labels = [f"{gpu}, batch {raw['batch']}" if "batch" in raw else gpu for gpu, raw in zip(gpus, raws)]
+    models = "; ".join(dict.fromkeys(raw.get("model", "model not named") for raw in raws))
+    lines = [
+        f"Measured forward cost on {', '.join(dict.fromkeys(gpus))} ({models}), acceptance measured "
+        "on the 135M model on CPU: MAT and draft tokens per step of this CPU's batch-1 runs, priced by the "
+        "GPU's forward time at 1 and 1 + draft tokens per request (branching drafts: every draft row priced "
+        "as a tree row).",
+        "",
+        "| method | workload | MAT | draft/step | tree | " + " | ".join(labels) + " |",
+        "|---|---|---|---|---|" + "---|" * len(labels),
+    ]
+    for r, branching in _speculative_rows(results_json):
+        cells = [f"{measured_speedup(c, r.mat, r.draft_per_step, branching):.2f}x" for c in costs]
+        lines.append(_row_start(r, branching) + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

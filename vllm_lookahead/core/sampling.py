@@ -25,6 +25,17 @@ A child without logits cannot be continued from and is not tried.
 Greedy requests are the limit ``p_v`` = one-hot at the argmax; they use
 :func:`~vllm_lookahead.core.verify.greedy_verify`, which also finds the
 deepest match when several children carry the argmax token.
+
+**Coupled to the sampler's noise** (:func:`coupled_walk`).  A sampler that draws a token as
+``argmax(p / q)`` with ``q`` fresh noise per generated token (the Gumbel-max trick; vLLM's
+``random_sample`` and its CPU ``fused_gumbel_argmax``) decides every position by its noise
+alone.  Drawing, at each node the walk reaches, the noise the sampler would draw for that
+output position -- from the same generator, one draw per emitted token, in order -- and
+accepting the child whose token is the one so sampled, emits exactly the tokens sampling
+without speculation emits with that generator: a seeded request reproduces vLLM's own
+output.  A one-hot draft ``x`` is accepted with probability ``p(x)``, as under the rule
+above, and the emitted tokens are autoregressive samples of ``p`` (each position's noise is
+independent of the draft, which was fixed before it was drawn).
 """
 
 from __future__ import annotations
@@ -92,3 +103,25 @@ def tree_speculative_sample(
             return np.asarray(path, dtype=np.int64), sample_from(r, total, uniform())
         path.append(accepted)
         node = accepted
+
+
+def coupled_walk(tree: DraftTree, first_token: int, sample_after: Callable[[int], int]) -> tuple[np.ndarray, int]:
+    """``(path, final_token)`` of the walk coupled to the sampler's noise (module docstring).
+
+    ``first_token`` is the token sampled after the root (by the engine's own sampler);
+    ``sample_after(node)`` samples the token after ``node`` with the next position's noise and
+    is called once per accepted node, in order -- so the sampler's stream advances by exactly
+    one draw per emitted token.  A child is accepted when its token is the sampled one and it
+    has logits (the first such child in node order).
+    """
+    children = children_with_logits(tree)
+    tokens = tree.tokens
+    path: list[int] = []
+    node, token = 0, int(first_token)
+    while True:
+        child = next((c for c in children[node] if int(tokens[c]) == token), None)
+        if child is None:
+            return np.asarray(path, dtype=np.int64), token
+        path.append(child)
+        node = child
+        token = int(sample_after(node))

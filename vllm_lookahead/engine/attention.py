@@ -21,13 +21,18 @@ masks.  Per step, the rows of a tree request split in two:
 On CPU_ATTN the draft rows are attended **once**: vLLM's kernel is handed a
 metadata in which those rows form a dummy request over a few keys
 (:func:`kernel_metadata`), so it does not attend them over the whole context
-first.  The GPU backends' kernels still run over every row and the rows are then
-overwritten (their metadata has more to rebuild, and no GPU is here to test it).
-A step whose trees are all chains -- one candidate, no window -- runs vLLM's
-kernels only; requests without drafts are untouched.  The path is plain torch, so
-it runs on CPU and, reading the cache layout of vLLM's FlashAttention, Triton and
-FlashInfer backends (:class:`~vllm_lookahead.engine.kv.RowLayout`), on a GPU -- which
-has never been done here: this project has no GPU.
+first.  A step whose trees are all chains -- one candidate, no window -- runs vLLM's
+kernels only; requests without drafts are untouched.
+
+On CUDA the rows are computed by the Triton kernel
+(:mod:`vllm_lookahead.kernels.tree_attention`): one launch per layer for every tree
+request, reading the paged cache of vLLM's FlashAttention, Triton and FlashInfer backends
+in place through the block table, the context split across programs.  The GPU backends'
+own kernels still attend every row first (their metadata is not cut) and the tree rows
+are then overwritten.  The first tree step of a process runs both the kernel and the
+torch pass and stops the engine if they differ (:func:`_check_kernel`);
+``VLLM_LOOKAHEAD_TREE_KERNEL=torch`` keeps the torch pass on CUDA, ``=triton`` forces the
+kernel (on a CPU, under Triton's interpreter, as tests/kernels runs it).
 
 The replacement of the backend's ``AttentionImpl.forward`` lives in the patch
 table (:mod:`vllm_lookahead.engine.patches`): it runs vLLM's kernel (on CPU with
@@ -35,7 +40,8 @@ table (:mod:`vllm_lookahead.engine.patches`): it runs vLLM's kernel (on CPU with
 :class:`~vllm_lookahead.engine.tree_batch.TreeBatch` (``runner.current_tree_batch()``)
 has branching trees.  Everything here is plain functions of the batch, so it is tested
 on CPU against a dense reference for every cache layout and against vLLM's own CPU
-kernel (tests/unit/test_tree_attention.py, test_gpu_kv_layouts.py).
+kernel (tests/unit/test_tree_attention.py, test_gpu_kv_layouts.py), the kernel path
+under Triton's interpreter (tests/kernels/test_engine_glue.py).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from typing import Any
 import torch
 
 from vllm_lookahead.engine.kv import RowLayout, row_view
+from vllm_lookahead.kernels import use_kernel
 from vllm_lookahead.engine.tree_batch import PaddedDraftRows, TreeBatch
 
 
@@ -120,6 +127,18 @@ def fix_draft_rows(impl: Any, query: torch.Tensor, key: torch.Tensor, kv_cache: 
     kv = batch.kv
     assert kv is not None
     batch.tree_attention_layers += 1
+    if not use_kernel(query):
+        _torch_rows(impl, query, key, kv_cache, output, batch)
+    elif kv.layout_checked:
+        _kernel_rows(impl, query, kv_cache, output, batch)
+    else:  # the first tree step of this process: both ways, compared
+        _check_kernel(impl, query, key, kv_cache, output, batch)
+
+
+def _torch_rows(impl: Any, query: torch.Tensor, key: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
+                batch: TreeBatch) -> None:
+    """The torch pass: the CPU path, and the reference of the Triton kernel."""
+    kv = batch.kv
     heads, d = impl.num_heads, impl.head_size
     rows = batch.draft_rows
     layout = kv.row_layout(kv_cache)
@@ -146,6 +165,56 @@ def fix_draft_rows(impl: Any, query: torch.Tensor, key: torch.Tensor, kv_cache: 
     if plan.real is not None:
         o = o.index_select(0, plan.real)
     out_rows.index_copy_(0, plan.out_index, o.to(output.dtype))
+
+
+def by_heads(x: torch.Tensor, heads: int, head_size: int) -> torch.Tensor:
+    """``x`` (``[tokens, heads * head_size]`` or ``[tokens, heads, head_size]``, head dimension
+    contiguous) as ``[tokens, heads, head_size]`` without a copy."""
+    if x.dim() == 3:
+        return x
+    if x.stride(-1) != 1:
+        raise RuntimeError(f"vllm-lookahead: attention tensor strides {x.stride()} cannot be read by heads")
+    return torch.as_strided(x, (x.shape[0], heads, head_size), (x.stride(0), head_size, 1))
+
+
+def _kernel_rows(impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
+                 batch: TreeBatch) -> None:
+    """The draft rows by the Triton kernel (:mod:`vllm_lookahead.kernels.tree_attention`): one
+    launch per layer, the paged cache read in place; the launch plan is built by the first layer."""
+    from vllm_lookahead.kernels import tree_attention as kernel
+
+    kv, rows = batch.kv, batch.draft_rows
+    heads, d = impl.num_heads, impl.head_size
+    addressing = kv.addressing(kv_cache)
+    geometry = ("triton", heads, addressing)
+    plan = rows.plans.get(geometry)
+    if plan is None:
+        spans = [kernel.TreeRows(tr.batch_index, tr.token_start + tr.first_branch_node, tr.first_branch_node,
+                                 tr.num_nodes, tr.context_len, tr.tree.ancestor_mask()) for tr in rows.requests]
+        plan = rows.plans[geometry] = kernel.TreeAttentionPlan.build(
+            spans, batch.block_table, heads, addressing.num_kv_heads, d)
+    kernel.tree_attention(plan, by_heads(query, heads, d), kv_cache, by_heads(output, heads, d), addressing,
+                          impl.scale)
+
+
+def _check_kernel(impl: Any, query: torch.Tensor, key: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
+                  batch: TreeBatch) -> None:
+    """Once per process: the kernel's rows against the torch pass's (which also checks that the
+    cache holds this step's keys where it is read); a disagreement stops the engine."""
+    reference = output.clone()
+    _torch_rows(impl, query, key, kv_cache, reference, batch)
+    _kernel_rows(impl, query, kv_cache, output, batch)
+    heads, d = impl.num_heads, impl.head_size
+    rows = batch.draft_rows.out_rows
+    got = by_heads(output, heads, d).index_select(0, rows).float()
+    want = by_heads(reference, heads, d).index_select(0, rows).float()
+    tolerance = 1e-4 if output.dtype == torch.float32 else 3e-2
+    error = (got - want).abs().max().item()
+    if not error <= tolerance * max(1.0, want.abs().max().item()):
+        raise RuntimeError(
+            f"vllm-lookahead: the Triton tree-attention kernel differs from the torch pass by {error:.3g} on "
+            f"backend {batch.kv.backend!r}; set VLLM_LOOKAHEAD_TREE_KERNEL=torch and please report it"
+        )
 
 
 def kernel_metadata(meta: Any, batch: TreeBatch, impl: Any, layer: Any, dtype: torch.dtype) -> Any:

@@ -6,7 +6,9 @@ accepted path of a tree is not, in general, the first ``a`` rows, so after
 verification :func:`move_slots` copies each accepted node's K/V (already
 rotated with its tree depth = its final position) from its own slot to slot
 ``root + depth``.  Everything else the tree wrote is left behind as garbage in
-slots vLLM considers free.
+slots vLLM considers free.  :meth:`PagedKV.move` does it for every layer in one
+Triton launch on CUDA (:mod:`vllm_lookahead.kernels.kv_compaction`), with the torch
+:func:`move_slots` layer by layer elsewhere.
 
 vLLM 0.32 hands every attention backend one tensor per layer with the *logical*
 shape ``[num_blocks, num_kv_heads, block_size, C]``; its *physical* order is one
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vllm_lookahead.kernels import use_kernel
+
 # Backend name (AttentionBackend.get_name()) -> how C splits into K and V.
 SPLIT_LAST_DIM = ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER")
 SUPPORTED_BACKENDS = ("CPU_ATTN", *SPLIT_LAST_DIM)
@@ -52,6 +56,44 @@ class PagedKV:
     block_size: int  # tokens per block of the block table the runner hands to attention
     layout_checked: bool = field(default=False)  # set once the first tree step read back its own keys
     _layouts: dict = field(default_factory=dict, repr=False)
+    _addressings: dict = field(default_factory=dict, repr=False)
+    _offsets: list = field(default_factory=list, repr=False)  # [layer offsets or None], once known
+
+    def addressing(self, kv_cache: torch.Tensor):
+        """How the Triton kernels address ``kv_cache`` (:class:`~vllm_lookahead.kernels.tree_attention.CacheAddressing`)."""
+        from vllm_lookahead.kernels.tree_attention import CacheAddressing
+
+        signature = (tuple(kv_cache.shape), kv_cache.stride())
+        found = self._addressings.get(signature)
+        if found is None:
+            found = self._addressings[signature] = CacheAddressing.of(kv_cache, self.backend == "CPU_ATTN")
+        return found
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """Copy K/V of ``src_slots`` to ``dst_slots`` in every layer (int64 slots on the cache's
+        device; per request ascending by destination, as verification lists them): one Triton
+        launch for all layers where :func:`~vllm_lookahead.kernels.use_kernel` says so
+        and every layer's cache is alike, else :func:`move_slots` layer by layer."""
+        if src_slots.numel() == 0:
+            return
+        if not use_kernel(src_slots) or self._layer_offsets() is None:
+            move_slots(self.layer_caches, self.backend, src_slots, dst_slots)
+            return
+        from vllm_lookahead.kernels import kv_compaction
+
+        first = self.layer_caches[0]
+        kv_compaction.move_slots(first, self._layer_offsets(), self.addressing(first), src_slots, dst_slots)
+
+    def _layer_offsets(self) -> torch.Tensor | None:
+        """Element offsets of the distinct layer caches from the first (None: caches differ)."""
+        if not self._offsets:
+            from vllm_lookahead.kernels.kv_compaction import layer_offsets
+
+            try:
+                self._offsets.append(layer_offsets(self.layer_caches))
+            except ValueError:  # e.g. hybrid models: layers of other shapes
+                self._offsets.append(None)
+        return self._offsets[0]
 
     def row_layout(self, kv_cache: torch.Tensor) -> "RowLayout":
         """How the tree pass reads ``kv_cache`` (one of :attr:`layer_caches`) by rows."""

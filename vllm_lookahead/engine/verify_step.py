@@ -12,9 +12,12 @@ we instead:
    path; temperature, top-k/top-p);
    greedy requests: :func:`vllm_lookahead.core.greedy_verify` against its argmax
    (longest match plus the bonus token; the root must agree with vLLM's own
-   sample); random ones: :func:`vllm_lookahead.core.sampling.tree_speculative_sample`
-   (SpecInfer's multi-candidate rule, exact), drawing from the request's own
-   generator when it has a seed;
+   sample); random ones: :func:`vllm_lookahead.core.sampling.coupled_walk`, the walk
+   coupled to the noise vLLM's sampler draws per token (:mod:`.sampler_noise`; the root's
+   token is vLLM's own sample), so a seeded request emits the tokens vLLM emits without
+   speculation -- or, for sampler implementations without such noise, SpecInfer's
+   multi-candidate rule (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`);
+   both exact in distribution;
 3. move the accepted path's KV into the slots right after the root
    (:func:`vllm_lookahead.engine.kv.move_slots`) so vLLM's accounting
    ``num_computed_tokens += 1 + accepted`` describes the cache truthfully;
@@ -37,9 +40,9 @@ import numpy as np
 import torch
 
 from vllm_lookahead.core import StepDraft, greedy_verify
-from vllm_lookahead.core.sampling import tree_speculative_sample
+from vllm_lookahead.core.sampling import coupled_walk, tree_speculative_sample
 from vllm_lookahead.engine import target_dist
-from vllm_lookahead.engine.kv import move_slots
+from vllm_lookahead.engine.sampler_noise import SamplerNoise
 from vllm_lookahead.engine.tree_batch import TreeBatch
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
@@ -103,7 +106,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
         slot_mapping = batch.slot_mapping
         rows_src = torch.tensor(src_slots, device=slot_mapping.device)
         rows_dst = torch.tensor(dst_slots, device=slot_mapping.device)
-        move_slots(batch.kv.layer_caches, batch.kv.backend, slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
+        batch.kv.move(slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
 
     max_len = max(len(o) for o in outputs)
     token_ids = torch.full((num_reqs, max_len), PLACEHOLDER, dtype=torch.int32)
@@ -173,16 +176,15 @@ def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarra
         else:
             path, last = greedy_verify(tr.tree, target)
     else:
-        # Temperature, top-k/top-p and softmax only for the nodes the walk reaches (one or a few).
+        # Temperature and top-k/top-p only for the nodes the walk reaches (one or a few).
         sampling_rows: dict[int, torch.Tensor] = {}
 
-        def probs(node: int) -> np.ndarray:
-            row = target_dist.sampling_logits(processed[row_of[node]].unsqueeze(0), sm, i)
-            sampling_rows[node] = row[0]
-            return row.softmax(dim=-1, dtype=torch.float32)[0].to(torch.float64).cpu().numpy()
+        def sampling_row(node: int) -> torch.Tensor:
+            if node not in sampling_rows:
+                sampling_rows[node] = target_dist.sampling_logits(processed[row_of[node]].unsqueeze(0), sm, i)[0]
+            return sampling_rows[node]
 
-        draws = _uniforms(sm.generators.get(i), tr.tree.size + 1)
-        path, last = tree_speculative_sample(tr.tree, probs, lambda: next(draws))
+        path, last = _sample_walk(runner, tr.tree, sampling_row, sm.generators.get(i), root_token)
     if sm.max_num_logprobs is None:
         return _Decision(path, int(last))
     # Each emitted token's logprob comes from the row of the node it was emitted after, in the
@@ -195,11 +197,29 @@ def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarra
     elif greedy:
         index = torch.tensor([row_of[node] for node in emitted_from], device=rows.device)
         lp = processed.index_select(0, index)
-    else:  # processed modes of a random request: the rows it was sampled from (all reached by the walk)
-        lp = torch.stack([sampling_rows[node] for node in emitted_from]).to(torch.float32)
+    else:  # processed modes of a random request: the rows it was sampled from
+        lp = torch.stack([sampling_row(node) for node in emitted_from]).to(torch.float32)
     if mode.endswith("logprobs"):
         lp = lp.log_softmax(dim=-1, dtype=torch.float32)
     return _Decision(path, int(last), lp)
+
+
+def _sample_walk(runner: Any, tree: Any, sampling_row: Any, generator: torch.Generator | None,
+                 root_token: int) -> tuple[np.ndarray, int]:
+    """A random request's path: coupled to vLLM's sampler noise (the root's token is the one
+    vLLM's sampler drew, each accepted node's next token drawn with the noise that sampler
+    would draw for that position -- a seeded request emits vLLM's own tokens), or, where the
+    sampler's noise cannot be mirrored (:class:`~.sampler_noise.SamplerNoise`), SpecInfer's
+    rule over the same distributions with uniforms from the request's generator."""
+    noise = SamplerNoise.of(runner.sampler)
+    if noise is not None:
+        return coupled_walk(tree, root_token, lambda node: noise.sample(sampling_row(node).unsqueeze(0), generator))
+
+    def probs(node: int) -> np.ndarray:
+        return sampling_row(node).softmax(dim=-1, dtype=torch.float32).to(torch.float64).cpu().numpy()
+
+    draws = _uniforms(generator, tree.size + 1)
+    return tree_speculative_sample(tree, probs, lambda: next(draws))
 
 
 def _paths(tree: Any, nodes: np.ndarray) -> list[list[int]]:

@@ -1,0 +1,79 @@
+"""The kernels compile for NVIDIA GPUs with the installed Triton, here, without a GPU: Triton
+lowers them to PTX and assembles a cubin with its bundled ptxas for a named target (Hopper
+sm_90 as on an H100/H200, Ampere sm_80 as on an A100).  The interpreter tests check what the
+kernels compute; this checks that the same source is valid Triton for the compiler (types,
+layouts, shared memory), which the interpreter does not."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import vllm_lookahead.kernels as kernels
+
+SIGNATURE_TYPES = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
+
+
+@pytest.fixture
+def compiled_modules(monkeypatch):
+    """Fresh copies of the kernel modules, compiled (never interpreted) in this process."""
+    assert os.environ.get("TRITON_INTERPRET") != "1", "compiling needs Triton outside its interpreter"
+    loaded = {}
+    for name in ("tree_attention", "kv_compaction"):
+        path = Path(kernels.__file__).with_name(f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_compiled_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        loaded[name] = module
+    return loaded
+
+
+def compile_for(kernel, target: GPUTarget, pointers: dict[str, str], constants: dict, num_warps: int):
+    signature = {}
+    for p in kernel.params:
+        if p.name in pointers:
+            signature[p.name] = pointers[p.name]
+        elif p.name in constants:
+            signature[p.name] = "constexpr"
+        elif p.name == "scale_log2":
+            signature[p.name] = "fp32"
+        else:
+            signature[p.name] = "i32"
+    constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target,
+                          options={"num_warps": num_warps})
+
+
+@pytest.mark.parametrize("arch", [90, 80])
+@pytest.mark.parametrize("dtype,head_size,split,causal", [
+    ("bf16", 128, True, False), ("fp16", 64, False, False), ("bf16", 256, True, True), ("fp32", 128, True, False),
+])
+def test_tree_attention_compiles(compiled_modules, arch, dtype, head_size, split, causal):
+    module = compiled_modules["tree_attention"]
+    ptr = SIGNATURE_TYPES[dtype]
+    pointers = {"Q": ptr, "CACHE": ptr, "OUT": ptr, "BLOCK_TABLE": "*i32", "META": "*i32", "BITS": "*i32",
+                "PART_OUT": "*fp32", "PART_STATS": "*fp32", "COUNTERS": "*i32"}
+    block_n = 32 if head_size > 128 else 64
+    constants = dict(GROUP=4, HEAD_DIM=head_size, BLOCK_D=head_size, BLOCK_M=64, BLOCK_N=block_n, SPLIT=split,
+                     CAUSAL=causal, DOT_IEEE=dtype == "fp32")
+    compiled = compile_for(module._tree_attention_kernel, GPUTarget("cuda", arch, 32), pointers, constants,
+                           num_warps=4 if head_size <= 128 else 8)
+    assert compiled.asm["cubin"] and ".target sm_%d" % arch in compiled.asm["ptx"]
+    assert compiled.metadata.shared <= 160 * 1024  # fits an A100's / H100's shared memory per block
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_kv_compaction_compiles(compiled_modules, dtype):
+    module = compiled_modules["kv_compaction"]
+    pointers = {"CACHE": SIGNATURE_TYPES[dtype], "OFFSETS": "*i64", "SRC": "*i64", "DST": "*i64"}
+    constants = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_MOVES=16)
+    compiled = compile_for(module._move_slots_kernel, GPUTarget("cuda", 90, 32), pointers, constants, num_warps=4)
+    assert compiled.asm["cubin"]

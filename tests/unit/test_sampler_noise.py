@@ -1,0 +1,65 @@
+"""The noise verification draws for a random request's tree nodes is the noise vLLM's sampler
+would draw for those positions: token for token against vLLM's own ``TopKTopPSampler`` over a
+run of positions, with per-request generators (seeded) of the same seed on both sides."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, apply_top_k_top_p  # noqa: E402
+from vllm.v1.sample.sampler import Sampler  # noqa: E402
+
+from vllm_lookahead.engine.sampler_noise import SamplerNoise  # noqa: E402
+
+VOCAB, POSITIONS = 97, 40
+TEMPERATURE = torch.tensor([[0.7], [1.0], [0.5]])
+TOP_K = torch.tensor([VOCAB, 7, VOCAB])
+TOP_P = torch.tensor([0.9, 1.0, 1.0])
+
+
+def sampled_both_ways(forward, noise: SamplerNoise, seeded=(0, 2)) -> tuple[list[list[int]], list[list[int]]]:
+    """(vLLM's tokens, ours) for the seeded rows of a 3-request batch over POSITIONS positions."""
+    torch.manual_seed(0)
+    runs = [torch.randn(3, VOCAB) * 3 for _ in range(POSITIONS)]
+    theirs_gen = {i: torch.Generator().manual_seed(100 + i) for i in seeded}
+    ours_gen = {i: torch.Generator().manual_seed(100 + i) for i in seeded}
+    theirs, ours = [], []
+    for logits in runs:
+        tokens, _ = forward(logits.clone() / TEMPERATURE, theirs_gen, TOP_K.clone(), TOP_P.clone())
+        theirs.append([int(tokens[i]) for i in seeded])
+        row = [apply_top_k_top_p(logits[i : i + 1] / TEMPERATURE[i], TOP_K[i : i + 1].clone(), TOP_P[i : i + 1].clone())
+               for i in seeded]
+        ours.append([noise.sample(r, ours_gen[i]) for r, i in zip(row, seeded)])
+    return theirs, ours
+
+
+@pytest.mark.parametrize("fp64", [False, True])
+def test_cpu_sampler(fp64):
+    sampler = Sampler(use_fp64_gumbel=fp64)
+    noise = SamplerNoise.of(sampler)
+    assert noise == SamplerNoise("exponential", True) if fp64 else noise == SamplerNoise("splitmix")
+    theirs, ours = sampled_both_ways(sampler.topk_topp_sampler.forward, noise)
+    assert theirs == ours
+    assert len({tuple(t) for t in theirs}) > POSITIONS // 2  # really sampled, not a constant
+
+
+@pytest.mark.parametrize("fp64", [False, True])
+def test_native_sampler(fp64):
+    """``random_sample`` (vLLM's CUDA path whenever a request has its own generator)."""
+    inner = TopKTopPSampler(use_fp64_gumbel=fp64)
+    noise = SamplerNoise.of(SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=inner.forward_native,
+                                                                              use_fp64_gumbel=fp64)))
+    assert noise == SamplerNoise("exponential", fp64)
+    theirs, ours = sampled_both_ways(inner.forward_native, noise)
+    assert theirs == ours
+
+
+def test_unknown_samplers_have_no_noise_to_mirror():
+    other = SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=lambda *a: None, use_fp64_gumbel=False))
+    assert SamplerNoise.of(other) is None
+    assert SamplerNoise.of(SimpleNamespace()) is None

@@ -1,0 +1,257 @@
+"""The GPU check: the plugin's GPU code paths where vLLM is not installed, in a few minutes.
+
+    python -m vllm_lookahead.bench.gpu_check --out DIR            # on a GPU, every part (~5 min)
+    python -m vllm_lookahead.bench.gpu_check --out DIR --quick    # smaller sweeps
+    python -m vllm_lookahead.bench.gpu_check --out DIR --parts exactness forward
+    python -m vllm_lookahead.bench.gpu_check --out DIR --cpu-smoke  # tiny shapes, Triton's interpreter
+
+Parts (each bounded by its share of ``--budget-s``; a case past its part's time is recorded as
+skipped, never silently dropped):
+
+* ``exactness`` (:mod:`.gpu_exactness`) -- the Triton tree-attention kernel against the dense
+  float32 reference and the Triton KV compaction against the torch one, at real shapes and
+  dtypes; the process exits 1 if any case fails or raises;
+* ``layer`` (:mod:`.gpu_layer_time`) -- one attention layer's tree rows: the kernel, the engine's
+  torch pass, the kernel's causal mode on the same rows, SDPA; ``compaction`` -- both compactions;
+* ``forward`` (:mod:`.gpu_forward`) -- a Llama-3.1-8B-shaped decoder's forward by tokens per
+  request and batch, written as ``cost_b<B>.json`` (``StepCost``) for ``bench --replay
+  --replay-cost`` and ``bench --project --project-cost``.
+
+Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` after every case (a run cut short
+keeps what it measured) with the GPU as ``torch.cuda.get_device_name()`` reports it, the
+torch / Triton / CUDA versions, the date (UTC) and the command line.
+
+It imports torch, numpy, triton and the engine-free modules of the package only (the kernels,
+``engine.kv``, ``engine.tree_batch``, ``engine.attention``, ``core``): the GPU machine has no
+vLLM and no pydantic.  Without CUDA (or with ``--cpu-smoke``) the same code runs tiny shapes on
+the CPU under Triton's interpreter, whose timings mean nothing (labelled so); the interpreter
+must be chosen before the kernels are defined, so the part modules are imported only once the
+device is known (and a process that defined them for a GPU first is started again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+PARTS = ("exactness", "layer", "compaction", "forward")
+BUDGET_SHARES = {"exactness": 0.2, "layer": 0.42, "compaction": 0.05, "forward": 0.33}
+KERNEL_MODULES = {"vllm_lookahead.kernels.tree_attention": "_tree_attention_kernel",
+                  "vllm_lookahead.kernels.kv_compaction": "_move_slots_kernel"}
+COMMAND = "vllm_lookahead.bench.gpu_check"
+START = time.monotonic()
+
+
+def log(message: str) -> None:
+    print(f"[{time.monotonic() - START:7.1f} s] {message}", flush=True)
+
+
+def use_interpreter(argv: list[str]) -> None:
+    """Run the Triton kernels under the interpreter: set ``TRITON_INTERPRET=1`` before they are
+    defined, or start this command again if this process defined them for a GPU already."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    for name, kernel in KERNEL_MODULES.items():
+        module = sys.modules.get(name)
+        if module is not None and type(getattr(module, kernel)).__name__ != "InterpretedFunction":
+            log("the kernels were defined for a GPU in this process: starting again under the interpreter")
+            os.execve(sys.executable, [sys.executable, "-m", COMMAND, *argv], dict(os.environ))
+
+
+@dataclass
+class Settings:
+    """What every part reads: where it runs and how big its sweeps are."""
+
+    device: torch.device
+    smoke: bool       # tiny shapes on the CPU under Triton's interpreter
+    quick: bool       # smaller sweeps on a GPU
+    out_dir: Path
+    device_name: str
+    date_utc: str
+
+    @property
+    def exactness_dtypes(self) -> tuple[torch.dtype, ...]:
+        """bf16 first (under the interpreter its products are taken in float32 after rounding the
+        operands to bf16: kernels/tree_attention.py ``_float32_dots``)."""
+        return (torch.bfloat16, torch.float16, torch.float32)
+
+    @property
+    def timing(self) -> dict[str, int]:
+        """Keyword arguments of :func:`~vllm_lookahead.bench.gpu_fixtures.time_per_call`: one call
+        per sample under the interpreter (its times mean nothing), the defaults on a GPU."""
+        return {"calls": 1, "samples": 2, "warmup": 1} if self.smoke else {}
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The dtype of the timed caches and of the decoder: bf16, float32 under the interpreter."""
+        return torch.float32 if self.smoke else torch.bfloat16
+
+
+class Results:
+    """``gpu_check.json`` and ``gpu_check.md``, rewritten after every case; ``failures`` (None
+    until the exactness part runs) lists what failed in it, as ``judge`` reads its record."""
+
+    def __init__(self, out_dir: Path, environment: dict[str, Any], renderers: dict[str, Callable[[dict], list[str]]],
+                 judge: Callable[[dict], list[str]]) -> None:
+        self.out_dir = out_dir
+        self.renderers, self.judge = renderers, judge
+        self.data: dict[str, Any] = {"environment": environment, "parts": {}, "failures": None}
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        if "exactness" in self.data["parts"]:
+            self.data["failures"] = self.judge(self.data["parts"]["exactness"])
+        (self.out_dir / "gpu_check.json").write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+        (self.out_dir / "gpu_check.md").write_text(self.markdown())
+
+    def markdown(self) -> str:
+        env = self.data["environment"]
+        lines = ["# GPU check", ""] + [f"- {key}: {value}" for key, value in env.items()] + [""]
+        failures = self.data["failures"]
+        verdict = ("not run" if failures is None else f"{len(failures)} FAILED ({'; '.join(failures)})" if failures
+                   else "every case run passed")
+        skipped = len(self.data["parts"].get("exactness", {}).get("skipped", []))
+        verdict += f", {skipped} case(s) skipped" if skipped else ""
+        lines += [f"**Exactness: {verdict}**", ""]
+        for name, part in self.data["parts"].items():
+            lines += [f"## {name} ({part['status']}, {part.get('seconds', 0):.0f} s of {part['budget_s']:.0f} s)", ""]
+            listed = [f"- note: {note}" for note in part["notes"]]
+            listed += [f"- skipped: {_describe(s)}" for s in part["skipped"]]
+            listed += [f"- error: {_describe(e)}" for e in part["errors"]]
+            lines += (listed + [""] if listed else []) + self.renderers[name](part) + [""]
+        return "\n".join(lines) + "\n"
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in entry.items())
+
+
+class Part:
+    """One part's record: tables of measured rows, skipped cases, errors and notes, and its deadline."""
+
+    def __init__(self, results: Results, name: str, budget_s: float) -> None:
+        self.results, self.name = results, name
+        self.start = time.monotonic()
+        self.deadline = self.start + budget_s
+        self.data = results.data["parts"][name] = {"status": "running", "budget_s": budget_s, "tables": {},
+                                                   "skipped": [], "errors": [], "notes": []}
+
+    def table(self, name: str) -> list[dict[str, Any]]:
+        return self.data["tables"].setdefault(name, [])
+
+    def note(self, text: str) -> None:
+        self.data["notes"].append(text)
+        log(f"{self.name}: {text}")
+
+    def record(self, table: str, describe: dict[str, Any], measure: Callable[[], dict[str, Any]],
+               brief: Callable[[dict[str, Any]], str]) -> dict[str, Any] | None:
+        """``measure()``'s row into ``table`` -- or the case skipped (past the deadline, out of
+        memory) or its error recorded; the results are saved either way."""
+        row = None
+        if time.monotonic() > self.deadline:
+            self.data["skipped"].append({**describe, "reason": "time budget"})
+            log(f"{self.name}: skipped (time budget): {_describe(describe)}")
+        else:
+            try:
+                row = measure()
+            except torch.OutOfMemoryError:
+                self.data["skipped"].append({**describe, "reason": "out of memory"})
+                log(f"{self.name}: skipped (out of memory): {_describe(describe)}")
+            except Exception as exc:  # noqa: BLE001 -- a failing case is recorded, the run goes on
+                self.data["errors"].append({**describe, "error": f"{type(exc).__name__}: {exc}"})
+                log(f"{self.name}: {_describe(describe)} raised\n{traceback.format_exc()}")
+            else:
+                self.table(table).append(row)
+                log(f"{self.name}: {brief(row)}")
+        if row is None and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # what the failed case held (its frames are gone by now)
+        self.results.save()
+        return row
+
+    def finish(self) -> None:
+        seconds = time.monotonic() - self.start
+        skipped = len(self.data["skipped"])
+        self.data.update(seconds=seconds, status=f"{skipped} case(s) skipped" if skipped else "complete")
+        log(f"{self.name}: done in {seconds:.1f} s" + (f", {skipped} case(s) skipped" if skipped else ""))
+        self.results.save()
+
+
+def environment(settings: Settings, argv: list[str]) -> dict[str, Any]:
+    import triton
+
+    env = {"gpu": settings.device_name, "device": str(settings.device), "torch": torch.__version__,
+           "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+           "date_utc": settings.date_utc, "command": shlex.join(["python", "-m", COMMAND, *argv])}
+    if settings.device.type == "cuda":
+        props = torch.cuda.get_device_properties(settings.device)
+        env.update(gpu_memory_gib=round(props.total_memory / 2**30, 1), sms=props.multi_processor_count)
+    else:
+        env["timings"] = ("meaningless: CPU run under Triton's interpreter with tiny shapes "
+                          "(a smoke test of the code paths)")
+    return env
+
+
+def part_modules() -> tuple[dict[str, tuple[Callable, Callable]], Callable[[dict], list[str]]]:
+    """Each part's ``run(settings, part)`` and ``markdown(part data)``, and the judge of the
+    exactness part's record (imported now: after the interpreter choice, since they define the
+    kernels)."""
+    from vllm_lookahead.bench import gpu_exactness, gpu_forward, gpu_layer_time
+
+    return {"exactness": (gpu_exactness.run, gpu_exactness.markdown),
+            "layer": (gpu_layer_time.run, gpu_layer_time.markdown),
+            "compaction": (gpu_layer_time.run_compaction, gpu_layer_time.markdown_compaction),
+            "forward": (gpu_forward.run, gpu_forward.markdown)}, gpu_exactness.failures
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {COMMAND}", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output folder (gpu_check.json, gpu_check.md, cost_b<B>.json)")
+    p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="smaller sweeps")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="tiny shapes on the CPU under Triton's interpreter (the default without CUDA)")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="seconds for all parts together, shared as "
+                   + ", ".join(f"{k} {v:.0%}" for k, v in BUDGET_SHARES.items()) + " (default: %(default)s)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the parts asked for; 1 if an exactness case failed or raised, else 0."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    smoke = args.cpu_smoke or not torch.cuda.is_available()
+    if smoke:
+        use_interpreter(argv)
+    device = torch.device("cpu") if smoke else torch.device("cuda", torch.cuda.current_device())
+    name = "none: CPU under Triton's interpreter" if smoke else torch.cuda.get_device_name(device)
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    settings = Settings(device, smoke, args.quick, Path(args.out), name, date)
+    modules, judge = part_modules()
+    results = Results(settings.out_dir, environment(settings, argv), {k: m[1] for k, m in modules.items()}, judge)
+    log(f"gpu check on {name} (torch {torch.__version__}): parts {' '.join(args.parts)}")
+    shares = sum(BUDGET_SHARES[p] for p in args.parts)
+    for part_name in [p for p in PARTS if p in args.parts]:
+        part = Part(results, part_name, args.budget_s * BUDGET_SHARES[part_name] / shares)
+        modules[part_name][0](settings, part)
+        part.finish()
+    failed = results.data["failures"] or []
+    log(f"written to {settings.out_dir}: gpu_check.json, gpu_check.md"
+        + "".join(f", {f.name}" for f in sorted(settings.out_dir.glob("cost_b*.json")))
+        + (f"; {len(failed)} exactness failure(s)" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
