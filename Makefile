@@ -6,6 +6,8 @@
 #   make model     prepare the bundled SmolLM2-135M-Instruct model, print its path
 #   make serve     serve it with lookahead decoding on 127.0.0.1:$(PORT)
 #   make test      run the test suite (extra pytest arguments: PYTEST_ARGS='-k foo -x')
+#   make test-fast unit, property, kernel and repository tests, no engine (~3 min)
+#   make services  Debian's prometheus (and promtool) for the metrics and deploy tests (as root)
 #   make ablation  the draft shapes lookahead can run, side by side (greedy, batch 1, every
 #                  category; ABLATION_TOKENS=512): MAT, draft size and where accepted tokens
 #                  came from -- docs/results.md "Ablation"; ~1 h on a 2-core VM
@@ -35,7 +37,7 @@ ABLATION_METHODS ?= none lookahead \
 	'lookahead:{"max_tokens_per_step":0,"guess_set_size":1}' \
 	'lookahead:{"max_tokens_per_step":0}'
 
-.PHONY: venv install model serve test ablation
+.PHONY: venv install model serve test test-fast services ablation
 
 venv: $(STAMP)
 install: $(STAMP)
@@ -66,11 +68,26 @@ model: install
 serve: install model
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VENV)/bin/vllm-lookahead serve --port $(PORT) $(SERVE_ARGS)
 
+# The Prometheus tests need Debian's prometheus package (not on PyPI); installed as root with
+# apt-get, else those tests skip saying so.
+services:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "make services: not root or no apt-get: the Prometheus tests will skip" >&2; exit 0; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; } || \
+		echo "make services: Debian's prometheus could not be installed: the Prometheus tests will skip" >&2
+
 # pytest exits 5 when it collects no tests: that is a failure too (make stops on any non-zero).
-test: install model
+test: install model services
 	@rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
+
+FAST_TESTS := tests/unit tests/test_kernels_interpreted.py tests/test_repository_voice.py tests/test_packaging.py
+test-fast: install
+	$(VPY) -m pytest -q $(PYTEST_ARGS) $(FAST_TESTS)
 
 ablation: install model
 	$(VENV)/bin/vllm-lookahead bench --methods $(ABLATION_METHODS) --prompts-per-category $(ABLATION_PROMPTS) \

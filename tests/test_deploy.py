@@ -563,7 +563,7 @@ def test_prometheus_configs_pass_promtool(config):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package `prometheus`, not on PyPI; "
-                    "tests/engine/test_metrics_server.py installs it)")
+                    "`make services` installs it when run as root)")
     res = _run([promtool, "check", "config", str(config)])
     assert res.returncode == 0, res.stdout + res.stderr
 

@@ -217,7 +217,11 @@ def _histograms(samples):
 
 def test_wrong_acceptance_rules_fail_the_statistical_test(sharp_toy_model, engines, monkeypatch):
     """The lookahead engine runs in this process so its acceptance rule can be swapped: the
-    correct rule passes the same chi-square comparison that each deliberately wrong rule fails."""
+    shipped rule (the walk coupled to vLLM's sampler noise) and SpecInfer's rule (what samplers
+    without such noise get) pass the same chi-square comparison that each deliberately wrong
+    rule fails.  Rules other than the coupled walk run where the sampler's noise is not mirrored."""
+    from types import SimpleNamespace
+
     import vllm_lookahead.engine.verify_step as verify_step
 
     reference = engines.get(sharp_toy_model, None)
@@ -226,8 +230,10 @@ def test_wrong_acceptance_rules_fail_the_statistical_test(sharp_toy_model, engin
     engine = Engine(sharp_toy_model, WIDE_TREE, in_process=True)
     results = {}
     try:
-        for name in ["the rule", *WRONG_RULES]:
+        for name in ["the rule", "SpecInfer's rule", *WRONG_RULES]:
             if name != "the rule":
+                monkeypatch.setattr(verify_step, "SamplerNoise", SimpleNamespace(of=lambda sampler: None))
+            if name in WRONG_RULES:
                 monkeypatch.setattr(verify_step, "tree_speculative_sample", WRONG_RULES[name])
             before = engine.metrics()
             got = _samples(engine, prompt, 1_000_000 * (len(results) + 1))
@@ -237,6 +243,7 @@ def test_wrong_acceptance_rules_fail_the_statistical_test(sharp_toy_model, engin
         engine.close()
     for name, (comparison, accepted) in results.items():
         print(f"{name}: accepted {accepted}\n{comparison.summary()}")
-    assert results["the rule"][0].passed and results["the rule"][1] > 0
+    for name in ("the rule", "SpecInfer's rule"):
+        assert results[name][0].passed and results[name][1] > 0, name
     for name in WRONG_RULES:
         assert not results[name][0].passed, f"the chi-square test did not notice the wrong rule '{name}'"

@@ -19,7 +19,7 @@ we instead:
    multi-candidate rule (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`);
    both exact in distribution;
 3. move the accepted path's KV into the slots right after the root
-   (:func:`vllm_lookahead.engine.kv.move_slots`) so vLLM's accounting
+   (:meth:`vllm_lookahead.engine.kv.PagedKV.move`) so vLLM's accounting
    ``num_computed_tokens += 1 + accepted`` describes the cache truthfully;
 4. return a ``SamplerOutput`` shaped like the rejection sampler's
    (``[num_reqs, max_len]`` padded with -1; logprobs of every emitted token
