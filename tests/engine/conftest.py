@@ -70,6 +70,7 @@ ORDER = (
     "test_soak.py",
     "test_tensor_parallel.py",
     "test_serve.py",
+    "test_readme_examples.py",  # closes the in-process engines: between the toy and the real-model ones
     "test_real_exactness.py",
     "test_sampling_stats.py::test_real",
 )

@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from vllm_lookahead.bench.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
@@ -174,3 +175,14 @@ def real_prompt(model: str) -> list[int]:
         if end % 32 == 1:
             return ids[:end]
     raise AssertionError("no padding gives a prompt of 32k + 1 tokens")
+
+
+def readme_python_block(first_line: str) -> str:
+    """The README's ```python block whose first line is ``first_line`` (a comment naming it)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    found = [b for b in blocks if b.startswith(first_line)]
+    assert len(found) == 1, f"README has {len(found)} python blocks starting with {first_line!r}"
+    return found[0]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
+from harness import readme_python_block
 from servers import CLI, TOY_ARGS, Server, metric_total, start_all
 from servers import free_port as _free_port
 
@@ -79,6 +81,10 @@ def test_serve_default_model_answers_chat_completion(real_model):
         text = answer["choices"][0]["message"]["content"]
         print(text)
         assert "2" in text and "3" in text
+        # The README's OpenAI-client example, as written but for the port.
+        example = readme_python_block("# OpenAI client").replace("http://127.0.0.1:8000", base)
+        done = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "2" in done.stdout, done.stderr[-3000:]
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
             metrics = r.read().decode()
         drafts = [l for l in metrics.splitlines() if l.startswith("vllm:spec_decode_num_drafts")]

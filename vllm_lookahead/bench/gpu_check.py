@@ -223,7 +223,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="tiny shapes on the CPU under Triton's interpreter (the default without CUDA)")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="seconds for all parts together, shared as "
-                   + ", ".join(f"{k} {v:.0%}" for k, v in BUDGET_SHARES.items()) + " (default: %(default)s)")
+                   + ", ".join(f"{k} {round(100 * v)}%%" for k, v in BUDGET_SHARES.items()) + " (default: %(default)s)")
     return p.parse_args(argv)
 
 
