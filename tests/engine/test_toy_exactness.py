@@ -218,3 +218,26 @@ def test_seeded_requests_with_chunked_prefill_keep_the_engine_alive(toy_model, b
     expected = baselines.get(toy_model, STRESS, prompts[:8], 48, batch=8)
     report, failures = compare(expected, engine.generate(prompts[:8], 48, batch=8), "after seeded chunked prefills")
     assert not failures, "\n".join(failures)
+
+
+def test_prefix_cache_hit_inside_compacted_drafts(toy_model, baselines, engines):
+    """A second request whose prompt is the first one's prompt plus part of its output reuses the
+    first one's cached KV blocks -- blocks written by tree steps, their accepted paths compacted
+    into place -- and ends inside such a block: its greedy output equals no speculation's.
+    (vLLM 0.33 caches a drafting request's full blocks right after each step; on 0.32 they are
+    cached as they fill and kept after the request ends.)"""
+    prompt = toy_prompts(toy_model, 1)[0][:40]
+    (first,) = baselines.get(toy_model, {}, [prompt], 128, batch=1)
+    engine = engines.get(toy_model, TOY_TREE)
+    before = engine.metrics()
+    (got_first,) = engine.generate([prompt], 128, batch=1)
+    middle = engine.metrics()
+    follow = prompt + first.tokens[: 32 * 4 + 5 - len(prompt)]  # 4 full blocks of 32, ends 5 tokens into the 5th
+    (want,) = baselines.get(toy_model, {}, [follow], 48, batch=1)
+    (got,) = engine.generate([follow], 48, batch=1)
+    drafted, reused = counter_delta(before, middle), counter_delta(middle, engine.metrics())
+    report, failures = compare([first, want], [got_first, got], "prefix inside drafts")
+    print("\n".join(report) or "identical", {k: v for k, v in reused.items() if "prefix_cache" in k})
+    assert not failures, "\n".join(failures)
+    assert drafted.get("vllm:spec_decode_num_accepted_tokens", 0) > 20  # the first request's blocks came from trees
+    assert reused.get("vllm:prefix_cache_hits", 0) >= 32 * 4  # the second reused them, generated tokens included
