@@ -101,6 +101,34 @@ def test_sampled_logprobs_and_structured_output(sharp_toy_model, engines):
         assert max(abs(a - b) for a, b in zip(c.logprobs, expected)) < 1e-3, (c.logprobs, expected)
 
 
+def test_structured_requests_beside_large_trees(sharp_toy_model, engines):
+    """Greedy structured-output requests (chains) in one batch with greedy requests drafting full
+    trees: vLLM's grammar code finds each request's logits rows by the rows it owns (in vLLM 0.33
+    in fixed blocks of 1 + num_speculative_tokens), so large trees beside a structured request
+    must not shift its rows -- every output equals no speculation's and stays in its grammar."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    choices = ["alpha beta gamma", "one two three four five", "def f(x): return x"]
+
+    def per_prompt():  # fresh params per run: vLLM rewrites a choice into a grammar in place
+        structured = {"structured_outputs": StructuredOutputsParams(choice=choices)}
+        return ({}, structured, {}, {}, structured, {}, {}, structured)
+
+    prompts = _prompts(sharp_toy_model)
+    want = engines.get(sharp_toy_model, None).generate(prompts, 32, batch=8, per_prompt=per_prompt())
+    engine = engines.get(sharp_toy_model, TREE)  # full trees, no per-step cap
+    before = engine.metrics()
+    got = engine.generate(prompts, 32, batch=8, per_prompt=per_prompt())
+    accepted = counter_delta(before, engine.metrics()).get("vllm:spec_decode_num_accepted_tokens", 0)
+    report, failures = compare(want, got, "structured beside trees")
+    assert not failures, report
+    tok = engine.tokenizer()
+    for c, params in zip(got, per_prompt()):
+        if params:
+            assert tok.decode(c.tokens, skip_special_tokens=True) in choices
+    assert accepted > 0
+
+
 def test_a_fully_cached_prompt_is_not_padded_with_placeholder_drafts(sharp_toy_model, engines):
     """vLLM pads a new request whose prompt is all in the prefix cache to 1 + K placeholder rows
     (K = num_speculative_tokens, up to 83 for lookahead); the plugin's draft-length schedule
