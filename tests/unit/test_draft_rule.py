@@ -29,12 +29,70 @@ def test_observed_steps_set_the_scale_and_the_tree_row_price():
     for _ in range(50):
         cost.observe(1, 0, 0.040)  # real chain steps take twice the profile
     assert abs(cost.scale - 2.0) < 1e-9
+    assert cost.token_seconds == 0.0  # steps of one size cannot tell a per-token price from the scale
     for _ in range(50):
         cost.observe(20, 10, 2.0 * cost.chain(20) + 10 * 0.001)  # trees: +1 ms per recomputed row
     assert abs(cost.tree_row_seconds - 0.001) < 1e-6
     assert abs(cost.forward(20, 10) - (2.0 * cost.chain(20) + 0.010)) < 1e-6
     again = StepCost.from_dict(cost.to_dict())
     assert abs(again.forward(20, 10) - cost.forward(20, 10)) < 1e-6
+
+
+# This CPU's start-up profile is flat over a few tokens (1 to 4 tokens ~20 ms: the dummy forward's
+# GEMMs at a few rows, no attention), while a real decode step pays 0.5-1.7 ms for each further token.
+FLAT_PROFILE = ((1, 2, 4, 8, 16), (0.020, 0.020, 0.020, 0.022, 0.027))
+
+
+def test_real_steps_teach_the_per_token_price_the_profile_misses():
+    cost = StepCost(*FLAT_PROFILE)
+    for n in (1, 2, 5, 1, 4, 8, 1, 3) * 5:
+        cost.observe(n, 0, 1.8 * cost.chain(n) + 0.0015 * (n - 1))
+    assert cost.scale == pytest.approx(1.8) and cost.token_seconds == pytest.approx(0.0015)
+    assert cost.forward(5) - cost.forward(1) == pytest.approx(1.8 * (cost.chain(5) - cost.chain(1)) + 4 * 0.0015)
+    again = StepCost.from_dict(cost.to_dict())
+    assert again.forward(3) == pytest.approx(cost.forward(3)) and again.forward(40) == pytest.approx(cost.forward(40))
+    cheaper = StepCost(*FLAT_PROFILE)
+    for n in (1, 4, 8, 16) * 5:  # real tokens cheaper than the profile's: no negative price
+        cheaper.observe(n, 0, cheaper.chain(n) - 0.0001 * (n - 1))
+    assert cheaper.token_seconds == 0.0 and cheaper.forward(16) >= cheaper.forward(8) >= cheaper.forward(1)
+
+
+def test_the_window_is_left_out_once_real_steps_price_its_tokens():
+    """A window column below a bare root is a 3-token chain.  Priced by the flat profile it is
+    free, and a free piece pays for any gain however small, so the window ran on most steps that
+    had no candidate and returned nothing.  Priced as real steps cost, it is left out; a lead
+    likely to be accepted still pays."""
+    column = DraftOptions(window_column_rows=(3, 4, 4), window_column_gain=0.005)
+    lead = DraftOptions(lead_gains=(0.9, 0.8, 0.7))
+    cost = StepCost(*FLAT_PROFILE)
+    assert plan_step([column], cost) == [DraftPlan(window_columns=1)]
+    for n in (1, 2, 5, 1, 4, 8, 1, 3) * 5:
+        cost.observe(n, 0, 1.8 * cost.chain(n) + 0.0015 * (n - 1))
+    assert plan_step([column], cost) == [DraftPlan()]
+    assert plan_step([lead], cost) == [DraftPlan(lead=3)]
+
+
+def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
+    """Forwards cost 20 ms + 1 ms per token; the first six take 30 ms more (start-up, another
+    process on the cores).  Timed size after size, they would all fall on the 1-token size: made
+    non-decreasing, the curve would call every size up to ~30 tokens free."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.engine import cost_profile
+
+    clock = SimpleNamespace(now=0.0, calls=0)
+
+    def dummy_run(tokens):
+        clock.calls += 1
+        clock.now += 0.020 + 0.001 * tokens + (0.030 if clock.calls <= 6 else 0.0)
+        return np.zeros((tokens, 4)), None
+
+    runner = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=64), device="cpu",
+                             _dummy_run=dummy_run, model=SimpleNamespace(compute_logits=lambda hidden: hidden))
+    monkeypatch.setattr(cost_profile.time, "perf_counter", lambda: clock.now)
+    cost = cost_profile.profile_forward_cost(runner)
+    assert cost.tokens == (1, 2, 4, 8, 16, 32, 64)
+    assert cost.seconds == pytest.approx([0.020 + 0.001 * n for n in cost.tokens])
 
 
 # -- the rule -------------------------------------------------------------------------------

@@ -53,13 +53,29 @@ STEP = Patch(f"{__name__}:Runner.step", ("self", "batch", "budget"), "why the st
 
 def test_apply_keeps_the_original_logs_once_and_is_idempotent(caplog):
     original = Runner.__dict__["step"]
-    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+    with caplog.at_level(logging.DEBUG, logger="vllm.lookahead"):
         applied = patching.apply(STEP)
         again = patching.apply(STEP)
     assert again is applied
     assert Runner().step(1, 2) == ("la", ("step", 1, 2))  # wrapped once, not twice
     assert Runner.step.__wrapped__ is original and applied.original is original
-    assert [r.getMessage() for r in caplog.records] == [f"vllm-lookahead: patched {STEP.target}: why the step changes"]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, f"vllm-lookahead: patched {STEP.target}: why the step changes")]
+
+
+def test_a_patch_set_logs_one_line_for_what_it_installed(caplog):
+    """vLLM loads the plugin in every process it starts: one INFO line per process, the list at DEBUG."""
+    both = [STEP, Patch(f"{__name__}:helper", ("x",), "r", _wrap("h"))]
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        patches = PatchSet().apply(both)
+        PatchSet().apply(both)  # installed already: nothing to say
+        patches.undo()
+        PatchSet().apply([STEP]).undo()
+    assert [r.getMessage() for r in caplog.records] == [
+        "vllm-lookahead: patched 2 vLLM symbols (lookahead); VLLM_LOGGING_LEVEL=DEBUG logs each with its reason "
+        "(the plugin's table: python -m vllm_lookahead.engine.patches)",
+        f"vllm-lookahead: patched {STEP.target}: why the step changes",
+    ]
 
 
 def test_module_function_patch_and_undo():

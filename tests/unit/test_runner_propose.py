@@ -24,6 +24,18 @@ def _proposer(device: str, **keys) -> LookaheadProposer:
     return proposer
 
 
+def test_loading_the_proposer_says_there_is_no_draft_model(caplog):
+    """vLLM's runner logs "Loading drafter model..." for any proposer; ours answers it in the next line."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        _proposer("cpu").load_model(object())
+    assert [r.getMessage() for r in caplog.records if "drafter" in r.getMessage()] == [
+        "lookahead: no drafter model to load (vLLM's \"Loading drafter model...\" is its call into this proposer): "
+        "drafts come from n-gram pools of the prompt and output and from the Jacobi window, all run by the target model"
+    ]
+
+
 def _bind(p: LookaheadProposer, prompts: dict[str, list[int]]):
     from vllm import SamplingParams
 

@@ -89,7 +89,8 @@ def _vllm_config(max_num_batched_tokens=2048, max_model_len=2048, spec=None, **p
     return SimpleNamespace(
         speculative_config=SimpleNamespace(model=startup.PROPOSER_PATH),
         additional_config={"lookahead": LookaheadConfig.from_user_dict(spec or {}).model_dump()},
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens,
+                                         max_num_scheduled_tokens=max_num_batched_tokens),
         model_config=SimpleNamespace(max_model_len=max_model_len),
         use_v2_model_runner=False,
         attention_config=SimpleNamespace(hisparse_config=None),
@@ -148,3 +149,14 @@ def test_configs_whose_largest_step_cannot_fit_the_engine_are_refused():
     with pytest.raises(LookaheadStartupError) as err:  # both at once: both named, one line
         startup.check_engine_config(_vllm_config(max_num_batched_tokens=16, max_model_len=16))
     assert "--max-num-batched-tokens" in str(err.value) and "--max-model-len" in str(err.value)
+
+
+def test_vllms_step_budget_warning_is_explained_where_vllm_gives_it(caplog):
+    """vLLM warns that max_num_scheduled_tokens "is set to 2048 based on the speculative decoding
+    settings" for any speculative method below 8192 tokens: one line after it says so."""
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        startup.check_engine_config(_vllm_config(max_num_batched_tokens=2048))
+        startup.check_engine_config(_vllm_config(max_num_batched_tokens=8192))
+    (note,) = [r.getMessage() for r in caplog.records]
+    assert note.startswith("vllm-lookahead: vLLM's warning \"max_num_scheduled_tokens is set to 2048 based on")
+    assert "every speculative method" in note and f"lookahead's {LookaheadConfig().max_draft_tokens} " in note

@@ -268,10 +268,12 @@ def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
     ``g * T > E * dT``, and ``E / T`` starts at >= 1 / T(bare) and only grows as pieces are
     added, while ``dT`` is at least the cheapest marginal token of the range.  Lead tokens
     expected to add less need not even be looked up (per-step work bounded by what can be drafted).
-    Both times carry the same measured ``scale``, which cancels: O(1) per step once a range was seen."""
-    if base_tokens <= 0:
+    Every marginal token carries the same fitted scale and per-token price, so the cheapest one is
+    the profile's cheapest (worked out once per range) priced as a real step: O(1) per step."""
+    if base_tokens <= 0 or span <= 0:
         return 0.0
-    return max(0.0, cost.cheapest_token(base_tokens, span)) / cost.chain(base_tokens)
+    cheapest = cost.scale * cost.cheapest_token(base_tokens, span) + cost.token_seconds
+    return max(0.0, cheapest) / cost.chain_forward(base_tokens)
 
 
 def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None) -> list[DraftPlan]:

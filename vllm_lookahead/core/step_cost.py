@@ -8,17 +8,23 @@ is flat up to ~64-96 tokens (Medusa, Cai et al. 2024, Fig. 2; our roofline in
 :mod:`vllm_lookahead.bench.projection`).  :class:`StepCost` is the model the
 draft rule (:mod:`.draft_rule`) asks before every step:
 
-* **chain forwards** -- ``scale * chain(tokens)``: ``chain`` is piecewise linear
-  between profiled points (the engine times its own model at start-up,
-  :mod:`vllm_lookahead.engine.cost_profile`; a file can supply them instead),
-  extrapolated with the last segment's slope; ``scale`` is an exponentially
-  decayed ratio of measured to predicted time over the real decode steps that
-  carried no tree pass, so it follows what the profile leaves out (attention over
-  a growing context, the sampler, a busy machine);
+* **chain forwards** -- ``scale * chain(tokens) + token_seconds * (tokens - 1)``:
+  ``chain`` is piecewise linear between profiled points (the engine times its own
+  model at start-up, :mod:`vllm_lookahead.engine.cost_profile`; a file can supply
+  them instead), extrapolated with the last segment's slope; ``scale`` and
+  ``token_seconds`` are fitted to the real decode steps that carried no tree pass,
+  timed through sampling and verification (exponentially decayed least squares,
+  :class:`_ChainFit`), so they follow what the profile leaves out: ``scale`` what every
+  step pays beyond it (inputs, sampling, a busy machine), ``token_seconds`` what each
+  further token of a real step pays beyond it (attention over a real context, its
+  logits row verified).  The profile alone can call tokens free: its dummy forward runs
+  no attention and on this project's CPU takes the same ~20 ms for 1 to 4 tokens, while
+  a real decode step pays 0.5-1.7 ms for each further token (measured on two 2-core
+  machines), and a scale alone keeps a flat curve flat;
 * **branching trees** add ``tree_step_seconds`` (a fixed price per step, given by a model
   such as the GPU projection's launch count; 0 when profiled) and ``tree_row_seconds`` per draft row recomputed with the
   tree mask (the eager tree-attention pass, :mod:`vllm_lookahead.engine.attention`,
-  plus the logits rows such trees need): a decayed ratio of the measured extra
+  plus the logits rows such trees need and their verification): a decayed ratio of the measured extra
   time of tree steps over their tree rows.  It starts at ``tree_row_prior``; with
   the default prior 0 the first branching steps served are the tree pass's profile.
 
@@ -42,8 +48,7 @@ class StepCost:
     tree_row_prior: float = 0.0   # seconds per tree row before any tree step was measured
     tree_step_seconds: float = 0.0  # fixed cost of a step with any tree rows (a model's, not learnt)
     decay: float = 0.95           # weight of the past per observation (~20 steps of memory)
-    _scale_num: float = field(default=0.0, repr=False)
-    _scale_den: float = field(default=0.0, repr=False)
+    _fit: "_ChainFit" = field(default_factory=lambda: _ChainFit(), init=False, repr=False, compare=False)
     _tree_extra: float = field(default=0.0, repr=False)
     _tree_rows: float = field(default=0.0, repr=False)
     _cheapest: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
@@ -89,8 +94,18 @@ class StepCost:
 
     @property
     def scale(self) -> float:
-        """Measured / profiled time of real chain steps (1.0 until one is measured)."""
-        return self._scale_num / self._scale_den if self._scale_den > 0 else 1.0
+        """Real / profiled time of chain steps, beyond :attr:`token_seconds` (1.0 until one is measured)."""
+        return self._fit.scale
+
+    @property
+    def token_seconds(self) -> float:
+        """What each token of a real chain step after the first costs beyond the scaled profile
+        (0 until steps of different sizes were measured)."""
+        return self._fit.per_token
+
+    def chain_forward(self, tokens: float) -> float:
+        """Predicted seconds of a forward of ``tokens`` tokens without a tree pass."""
+        return self._fit.scale * self.chain(tokens) + self._fit.per_token * max(tokens - 1.0, 0.0)
 
     @property
     def tree_row_seconds(self) -> float:
@@ -101,7 +116,7 @@ class StepCost:
 
     def forward(self, tokens: float, tree_rows: float = 0) -> float:
         """Predicted seconds of a forward of ``tokens`` tokens, ``tree_rows`` of them in branching trees."""
-        t = self.scale * self.chain(tokens)
+        t = self.chain_forward(tokens)
         if tree_rows > 0:
             t += self.tree_step_seconds + self.tree_row_seconds * tree_rows
         return t
@@ -113,19 +128,19 @@ class StepCost:
             return
         d = self.decay
         if tree_rows <= 0:
-            self._scale_num = d * self._scale_num + seconds
-            self._scale_den = d * self._scale_den + self.chain(tokens)
+            self._fit.add(self.chain(tokens), tokens - 1, seconds, d)
         else:
-            extra = seconds - self.scale * self.chain(tokens) - self.tree_step_seconds
+            extra = seconds - self.chain_forward(tokens) - self.tree_step_seconds
             self._tree_extra = d * self._tree_extra + extra
             self._tree_rows = d * self._tree_rows + tree_rows
 
     # -- files -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The model as measured so far (profile, scale folded in, tree cost), JSON-ready."""
+        """The model as measured so far (profile with the fitted scale and per-token price folded
+        in, tree cost), JSON-ready."""
         return {
             "tokens": list(self.tokens),
-            "seconds": [s * self.scale for s in self.seconds],
+            "seconds": [self.chain_forward(n) for n in self.tokens],
             "tree_row_seconds": self.tree_row_seconds,
             "tree_step_seconds": self.tree_step_seconds,
         }
@@ -142,5 +157,43 @@ class StepCost:
 
     def describe(self, sizes: Sequence[int] = (1, 8, 32)) -> str:
         parts = ", ".join(f"{n} tok {1e3 * self.forward(n):.1f} ms" for n in sizes)
-        return (f"{parts}; trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
+        return (f"{parts} (profile x{self.scale:.2f} +{1e3 * self.token_seconds:.2f} ms per further token); "
+                f"trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
                 f"+{1e3 * self.tree_row_seconds:.2f} ms per row")
+
+
+@dataclass
+class _ChainFit:
+    """Real chain-step times on the profile: ``seconds ~ scale * chain + per_token * extra``
+    (``extra`` = tokens after the first), by least squares over exponentially decayed sums,
+    with ``per_token >= 0`` and ``scale > 0``.  Until steps of different sizes tell the two
+    apart (or when the unconstrained fit breaks a bound) ``per_token`` is 0 and ``scale`` the
+    ratio of measured to profiled time, as a scale-only model would have it."""
+
+    cc: float = 0.0  # sum of chain^2
+    ce: float = 0.0  # sum of chain * extra
+    ee: float = 0.0  # sum of extra^2
+    yc: float = 0.0  # sum of seconds * chain
+    ye: float = 0.0  # sum of seconds * extra
+    scale: float = 1.0
+    per_token: float = 0.0
+
+    def add(self, chain: float, extra: float, seconds: float, decay: float) -> None:
+        """One chain step: profiled time ``chain``, ``extra`` tokens after the first, ``seconds`` measured."""
+        self.cc = decay * self.cc + chain * chain
+        self.ce = decay * self.ce + chain * extra
+        self.ee = decay * self.ee + extra * extra
+        self.yc = decay * self.yc + seconds * chain
+        self.ye = decay * self.ye + seconds * extra
+        self.scale, self.per_token = self._solve()
+
+    def _solve(self) -> tuple[float, float]:
+        if self.cc <= 0:
+            return 1.0, 0.0
+        det = self.cc * self.ee - self.ce * self.ce
+        if self.ee > 0 and det > 1e-9 * self.cc * self.ee:  # sizes varied enough to separate the two
+            per_token = (self.cc * self.ye - self.ce * self.yc) / det
+            scale = (self.yc - per_token * self.ce) / self.cc
+            if per_token >= 0 and scale > 0:
+                return scale, per_token
+        return self.yc / self.cc, 0.0

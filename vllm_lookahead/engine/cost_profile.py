@@ -6,10 +6,14 @@ for its memory profile and warm-up, on dummy token ids, through the same
 CUDA-graph dispatch as real steps -- followed by the LM head over every row
 (``compute_logits``: a chain step needs logits for each draft token, and on this
 CPU that is ~0.2 ms of a ~1.2 ms per-token price), at :data:`PROFILE_SIZES` tokens
-(up to the engine's ``max_num_batched_tokens``), best of :data:`REPEATS` after one
-warm-up call each.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
-what it leaves out (attention over real contexts, sampling, the tree pass) is
-learnt from the steps served (:meth:`StepCost.observe`, fed by
+(up to the engine's ``max_num_batched_tokens``): one warm-up round over every size, then
+:data:`REPEATS` rounds, each timing every size once, best per size.  Rounds rather than
+one size after the other: a slow spell (the first calls after start-up, another process
+on the cores) then slows every size alike instead of all repeats of one size -- the
+curve is made non-decreasing, so a small size timed slow would make the sizes after it
+look free.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
+what it leaves out (attention over real contexts, per-token work of real steps, sampling,
+the tree pass) is learnt from the steps served (:meth:`StepCost.observe`, fed by
 :class:`~vllm_lookahead.engine.runner.RunnerLookahead`).
 
 Cost at start-up: 8 sizes x 4 forwards; on the project's 2-core CPU with the
@@ -54,19 +58,13 @@ def profile_forward_cost(runner: Any) -> StepCost:
     limit = int(getattr(runner.scheduler_config, "max_num_batched_tokens", 0) or PROFILE_SIZES[-1])
     sizes = [n for n in PROFILE_SIZES if n <= limit] or [1]
     t0 = time.perf_counter()
-    seconds = []
+    seconds = [float("inf")] * len(sizes)
     try:
-        for n in sizes:
-            best = float("inf")
-            for rep in range(REPEATS + 1):
-                _sync(runner.device)
-                start = time.perf_counter()
-                hidden, _ = runner._dummy_run(n)
-                runner.model.compute_logits(hidden[:n])
-                _sync(runner.device)
-                if rep:  # the first call of each size warms up
-                    best = min(best, time.perf_counter() - start)
-            seconds.append(best)
+        for rep in range(REPEATS + 1):
+            for i, n in enumerate(sizes):
+                took = _timed_dummy_forward(runner, n)
+                if rep:  # the first round warms up
+                    seconds[i] = min(seconds[i], took)
     except Exception as exc:  # noqa: BLE001 -- any failure: fall back, say why
         logger.warning("lookahead: forward-cost profile failed (%s: %s); using the bundled CPU profile",
                        type(exc).__name__, exc)
@@ -75,6 +73,16 @@ def profile_forward_cost(runner: Any) -> StepCost:
     logger.info("lookahead: forward cost profiled in %.1f s: %s", time.perf_counter() - t0,
                 ", ".join(f"{n} tok {1e3 * s:.1f} ms" for n, s in zip(sizes, seconds)))
     return cost
+
+
+def _timed_dummy_forward(runner: Any, tokens: int) -> float:
+    """Seconds of one dummy forward of ``tokens`` tokens plus the LM head over every row."""
+    _sync(runner.device)
+    start = time.perf_counter()
+    hidden, _ = runner._dummy_run(tokens)
+    runner.model.compute_logits(hidden[:tokens])
+    _sync(runner.device)
+    return time.perf_counter() - start
 
 
 def agree_across_ranks(cost: StepCost) -> tuple[StepCost, bool]:

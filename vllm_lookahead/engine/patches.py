@@ -88,9 +88,20 @@ def _sample_tokens(original: Callable) -> Callable:
         finally:
             if hidden:
                 seeded_prefill.restore_generators(self, hidden)
-        # Not on vLLM's shared empty output (no step ran: the report waits for the next one).
+        # Not when no token was sampled (no step ran: the report waits for the next one).
         if la is not None and getattr(output, "sampled_token_ids", None):
-            output.lookahead_report = la.take_report()  # an attribute: pickled with the output
+            output = la.attach_report(output)
+        return output
+
+    return patched
+
+
+def _execute_model(original: Callable) -> Callable:
+    def patched(self, scheduler_output, intermediate_tensors=None):
+        output = original(self, scheduler_output, intermediate_tensors)
+        la = RunnerLookahead.of(self)
+        if la is not None and not scheduler_output.total_num_scheduled_tokens:
+            output = la.attach_report(output)  # a step without a forward never reaches sample_tokens
         return output
 
     return patched
@@ -246,6 +257,13 @@ PATCHES: tuple[Patch, ...] = (
         "and keep vLLM's engine alive on CPU when a seeded request's prefill is chunked (vLLM rewinds its "
         "generator by a CUDA-only offset: engine/seeded_prefill.py)",
         _sample_tokens,
+    ),
+    Patch(
+        f"{RUNNER}:GPUModelRunner.execute_model", ("self", "scheduler_output", "intermediate_tensors"),
+        "report the worker's lookahead state after a step that runs no forward -- the one that tells it "
+        "which requests finished, the last before an idle server -- which returns before sample_tokens: "
+        "without it the request-state and pool gauges keep the finished requests",
+        _execute_model,
     ),
     Patch(
         "vllm.v1.core.sched.scheduler:Scheduler.update_from_output", ("self", "scheduler_output", "model_runner_output"),

@@ -13,8 +13,13 @@ other way.  Applying a :class:`Patch`:
 3. refuses to stack on a replacement made by another plugin (a function whose code
    lives outside vLLM's package and is not ours): two plugins rewriting the same
    runner method cannot both be right;
-4. installs ``make(original)`` (original kept as ``__wrapped__``), logs one line,
-   and returns an :class:`Applied` that :meth:`PatchSet.undo` can revert.
+4. installs ``make(original)`` (original kept as ``__wrapped__``), logs the symbol and
+   the reason at DEBUG, and returns an :class:`Applied` that :meth:`PatchSet.undo` can revert.
+
+:meth:`PatchSet.apply` logs one INFO line per call for what it newly installed.  vLLM loads
+the plugin in each of its processes (API server, engine core, every worker) and the table
+applies in each, so a per-patch INFO list would repeat in every process's log;
+``python -m vllm_lookahead.engine.patches`` prints the table with the reasons.
 """
 
 from __future__ import annotations
@@ -161,11 +166,16 @@ def check_signature(patch: Patch, original: Callable) -> None:
 
 def apply(patch: Patch) -> Applied:
     """Install ``patch`` (see the module docstring); a second call returns the first install."""
+    return _install(patch)[0]
+
+
+def _install(patch: Patch) -> tuple[Applied, bool]:
+    """:func:`apply`, and whether this call installed it (False: it was installed already)."""
     owner, name = resolve(patch)
     current = vars(owner)[name]
     record = applied_record(current)
     if record is not None and record.patch.target == patch.target and record.patch.tag == patch.tag:
-        return record  # already installed in this process
+        return record, False  # already installed in this process
     if record is None and not defined_by_vllm(current):
         fn = _function(current)
         where = getattr(getattr(fn, "__code__", None), "co_filename", "?")
@@ -182,8 +192,22 @@ def apply(patch: Patch) -> Applied:
     applied = Applied(patch, owner, name, current, replacement)
     setattr(replacement, MARK, applied)
     setattr(owner, name, replacement)
-    logger.info("vllm-lookahead: patched %s: %s", patch.target, re.split(r" \(|;", patch.reason, maxsplit=1)[0])
-    return applied
+    logger.debug("vllm-lookahead: patched %s: %s", patch.target, _short_reason(patch))
+    return applied, True
+
+
+def _short_reason(patch: Patch) -> str:
+    """The reason up to its first parenthesis or semicolon."""
+    return re.split(r" \(|;", patch.reason, maxsplit=1)[0]
+
+
+def summary(patches: list[Patch]) -> str:
+    """One line for patches installed together: the single symbol, or how many (and where the list is)."""
+    tags = ", ".join(sorted({p.tag for p in patches}))
+    if len(patches) == 1:
+        return f"vllm-lookahead: patched {patches[0].target}: {_short_reason(patches[0])}"
+    return (f"vllm-lookahead: patched {len(patches)} vLLM symbols ({tags}); VLLM_LOGGING_LEVEL=DEBUG logs each "
+            "with its reason (the plugin's table: python -m vllm_lookahead.engine.patches)")
 
 
 class PatchSet:
@@ -193,8 +217,15 @@ class PatchSet:
         self.applied: list[Applied] = []
 
     def apply(self, patches: list[Patch] | tuple[Patch, ...]) -> "PatchSet":
+        """Install ``patches`` in order; one INFO line (:func:`summary`) for those not installed before."""
+        new = []
         for patch in patches:
-            self.applied.append(apply(patch))
+            applied, installed = _install(patch)
+            self.applied.append(applied)
+            if installed:
+                new.append(patch)
+        if new:
+            logger.info("%s", summary(new))
         return self
 
     def undo(self) -> None:

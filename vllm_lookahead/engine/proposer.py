@@ -10,6 +10,7 @@ which attaches itself when the runner first needs it; this class only forwards.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from vllm_lookahead.config import LookaheadConfig
 
 if TYPE_CHECKING:
     from vllm_lookahead.engine.runner import RunnerLookahead
+
+logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
 
 class LookaheadProposer:
@@ -31,7 +34,12 @@ class LookaheadProposer:
         self.owner = owner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """No draft model: lookahead drafts come from the target model itself."""
+        """No draft model: lookahead drafts come from the target model itself.  vLLM's runner logs
+        "Loading drafter model..." before calling this for any proposer; the line logged here
+        says what actually happens."""
+        logger.info("lookahead: no drafter model to load (vLLM's \"Loading drafter model...\" is its call "
+                    "into this proposer): drafts come from n-gram pools of the prompt and output and from "
+                    "the Jacobi window, all run by the target model")
 
     def propose(
         self,

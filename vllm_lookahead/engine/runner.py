@@ -29,6 +29,7 @@ to the next ``propose``).  Nothing else in the plugin keeps per-step state.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -77,7 +78,7 @@ class RunnerLookahead:
         # forward-cost model, profiled in setup_kv and refined by every decode step.
         self.cost: StepCost | None = None
         self.cost_frozen = False  # tensor parallel: one model for all ranks, not refined per rank
-        self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this forward
+        self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
         self.requests: dict[str, RequestLookahead] = {}
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
@@ -216,9 +217,15 @@ class RunnerLookahead:
         return batch.logits_indices, spec_meta, max_sampled
 
     def sample(self, logits: torch.Tensor, spec_decode_metadata: Any) -> Any | None:
-        """This step's ``SamplerOutput``, or None to let vLLM's own ``_sample`` run."""
+        """This step's ``SamplerOutput``, or None to let vLLM's own ``_sample`` run; the step's time,
+        sampling and verification included, goes to the cost model (:meth:`_time_step`)."""
+        try:
+            return self._sample(logits, spec_decode_metadata)
+        finally:
+            self._time_step(logits)
+
+    def _sample(self, logits: torch.Tensor, spec_decode_metadata: Any) -> Any | None:
         runner = self.runner
-        self._time_forward(logits)
         batch, self.batch = self.batch, None
         if batch is None:
             if spec_decode_metadata is None or not any(spec_decode_metadata.num_draft_tokens):
@@ -252,8 +259,10 @@ class RunnerLookahead:
             logger.info("lookahead: the draft rule's step cost: %s", self.cost.describe())
         return output
 
-    def _time_forward(self, logits: torch.Tensor) -> None:
-        """Feed the cost model the forward that just ran (decode-only steps)."""
+    def _time_step(self, logits: torch.Tensor) -> None:
+        """Feed the cost model the decode-only step that just ran, from ``_prepare_inputs`` through
+        sampling and verification: what a draft token costs is its rows in the forward and its
+        share of verifying them, and the draft rule weighs both."""
         clock, self._step_clock = self._step_clock, None
         if clock is None or self.cost_frozen:
             return
@@ -368,6 +377,19 @@ class RunnerLookahead:
             limit = thinking.room(i, num_output, len(history) - num_output, new_tokens)
             room = room if limit is None else min(room, limit)
         return room, thinking, eligibility.reason_label(reason) if reason is not None else "no_room"
+
+    def attach_report(self, output: Any) -> Any:
+        """vLLM's ``ModelRunnerOutput`` of this step carrying :meth:`take_report` as an attribute
+        (pickled with it when the scheduler is another process); vLLM's shared empty output is
+        copied first.  Anything else (no output yet, an async or pipeline output) is returned as is."""
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+        if not isinstance(output, ModelRunnerOutput):
+            return output
+        if output is EMPTY_MODEL_RUNNER_OUTPUT:
+            output = copy.copy(output)
+        output.lookahead_report = self.take_report()
+        return output
 
     def take_report(self) -> dict:
         """This step's :class:`StepReport` as plain data for the scheduler, and a fresh one."""

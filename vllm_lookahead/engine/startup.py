@@ -189,16 +189,43 @@ def step_size_problems(cfg: LookaheadConfig, max_num_batched_tokens: int | None,
     return problems
 
 
+# vLLM 0.32 warns "max_num_scheduled_tokens is set to N based on the speculative decoding settings.
+# This may lead to suboptimal performance ..." for every speculative config whose step budget is below
+# this many tokens, whatever num_speculative_tokens is (vllm/config/vllm.py:
+# VllmConfig._set_max_num_scheduled_tokens).
+VLLM_SCHEDULED_TOKENS_WARNING_BELOW = 8192
+
+
+def scheduled_tokens_note(cfg: LookaheadConfig, max_num_scheduled_tokens: int | None) -> str | None:
+    """The line that follows vLLM's step-budget warning (see
+    :data:`VLLM_SCHEDULED_TOKENS_WARNING_BELOW`) with why it appears and that it is expected;
+    None where vLLM does not warn."""
+    if max_num_scheduled_tokens is None or max_num_scheduled_tokens >= VLLM_SCHEDULED_TOKENS_WARNING_BELOW:
+        return None
+    return (
+        f"vllm-lookahead: vLLM's warning \"max_num_scheduled_tokens is set to {max_num_scheduled_tokens} based on "
+        f"the speculative decoding settings\" is expected: vLLM gives it for every speculative method when "
+        f"--max-num-batched-tokens is below {VLLM_SCHEDULED_TOKENS_WARNING_BELOW}, whatever num_speculative_tokens "
+        f"is; lookahead's {cfg.max_draft_tokens} is the largest tree a step may carry, an upper bound its steps "
+        "rarely reach"
+    )
+
+
 def check_engine_config(vllm_config: Any) -> None:
-    """After vLLM built its config: raise :class:`LookaheadStartupError` listing every problem."""
+    """After vLLM built its config: raise :class:`LookaheadStartupError` listing every problem;
+    else explain vLLM's step-budget warning if it gave one (:func:`scheduled_tokens_note`)."""
     if not is_lookahead_config(getattr(vllm_config, "speculative_config", None)):
         return
+    cfg = LookaheadConfig.from_vllm_config(vllm_config)
     problems = engine_config_problems(vllm_config)
     scheduler, model = getattr(vllm_config, "scheduler_config", None), getattr(vllm_config, "model_config", None)
     problems += step_size_problems(
-        LookaheadConfig.from_vllm_config(vllm_config),
+        cfg,
         getattr(scheduler, "max_num_batched_tokens", None),
         getattr(model, "max_model_len", None),
     )
     if problems:
         raise LookaheadStartupError("lookahead cannot run with this engine configuration: " + "; ".join(problems))
+    note = scheduled_tokens_note(cfg, getattr(scheduler, "max_num_scheduled_tokens", None))
+    if note is not None:
+        logger.info("%s", note)
