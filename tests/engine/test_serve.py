@@ -111,8 +111,9 @@ def test_serve_named_model_no_speculation_keeps_the_cpu_defaults(toy_model, tmp_
     finally:
         server.stop()
     log = server.log.read_text(errors="replace").splitlines()
-    (note,) = [line for line in log if line.startswith("vllm-lookahead serve:")]
+    (note,) = [line for line in log if line.startswith("vllm-lookahead serve:") and " allocator: " not in line]
     assert note.startswith("vllm-lookahead serve: no speculative decoding; defaults added: --dtype float32")
+    assert any(line.startswith("vllm-lookahead serve: allocator: ") for line in log)  # and which malloc it runs on
     (command,) = [line for line in log if line.startswith("+ ")]
     assert "--speculative-config" not in command and "--no-speculation" not in command
     assert "--dtype float32" in command and "--gpu-memory-utilization 0.3" in command
