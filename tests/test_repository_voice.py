@@ -38,8 +38,8 @@ PHRASES = (
 )
 PHRASE = re.compile("|".join(re.escape(p) for p in PHRASES), re.IGNORECASE)
 
-# A label right after another project's name names that project's tracker, not our work:
-# "vLLM issue 1234", "SGLang's issue 99", "upstream issue 7".
+# A label within 24 characters after another project's name (vLLM, SGLang, llama.cpp, PyTorch,
+# ArcticInference) or the word "upstream" names that project's tracker, not this software's.
 UPSTREAM = re.compile(r"\b(?:vLLM|SGLang|llama\.cpp|PyTorch|ArcticInference|upstream)\b[\w' ]{0,24}$", re.IGNORECASE)
 URL = re.compile(r"https?://\S+")
 
