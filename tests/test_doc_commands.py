@@ -9,8 +9,8 @@ specs) must validate.  Placeholders (MODEL, DIR, ...) are fine: only options and
 are checked, nothing is served or benchmarked.  The Python examples of the README run in
 tests/engine/test_readme_examples.py and tests/engine/test_serve.py.
 
-docs/results.md is left out: it is a dated record of how each measurement was taken, with the
-options of its day.
+docs/results.md and its dated archive (docs/archive/) are left out: the archive records how each
+measurement was taken, with the options of its day.
 """
 
 from __future__ import annotations
