@@ -203,18 +203,22 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines, engines):
 
 def test_seeded_requests_with_chunked_prefill_keep_the_engine_alive(toy_model, baselines, engines):
     """vLLM 0.32 on CPU kills its engine when a seeded request's prompt is prefilled in chunks (it
-    rewinds the request's generator by a CUDA-only offset; engine/seeded_prefill.py): with lookahead
-    -- whose drafts make chunked prefills frequent -- such requests are served, and the engine stays
-    exact for the next ones."""
+    rewinds the request's generator by a CUDA-only offset; engine/seeded_prefill.py): with the plugin
+    loaded, such requests are served with and without speculation -- with lookahead, whose drafts
+    make chunked prefills frequent, the same tokens as without -- and the engine stays exact for
+    the next ones."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = toy_prompts(toy_model, 16)
     long_prompts = [(sum(prompts[k:], []) * 4)[: 250 + 40 * k] for k in range(6)]  # > the 96-token budget
-    engine = engines.get(toy_model, STRESS_SPEC, **STRESS)
     sps = [SamplingParams(temperature=0.8, seed=100 + k, max_tokens=24) for k in range(6)]
-    results = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in long_prompts], sps, use_tqdm=False)
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in long_prompts]
+    reference = engines.get(toy_model, None, **STRESS).llm.generate(inputs, sps, use_tqdm=False)
+    engine = engines.get(toy_model, STRESS_SPEC, **STRESS)
+    results = engine.llm.generate(inputs, sps, use_tqdm=False)
     assert [len(r.outputs[0].token_ids) for r in results] == [24] * 6
+    assert [list(r.outputs[0].token_ids) for r in results] == [list(r.outputs[0].token_ids) for r in reference]
     expected = baselines.get(toy_model, STRESS, prompts[:8], 48, batch=8)
     report, failures = compare(expected, engine.generate(prompts[:8], 48, batch=8), "after seeded chunked prefills")
     assert not failures, "\n".join(failures)

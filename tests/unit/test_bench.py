@@ -278,7 +278,8 @@ def test_temperature_and_concurrency_variants_get_their_own_prompts(tmp_path):
     assert [(w.name, w.concurrency, w.temperature, w.category) for w in workloads] == [
         ("qa", 1, 0.0, "qa"), ("qa@T0.7", 1, 0.7, "qa"), ("qa@c4", 4, 0.0, "qa"), ("qa@c4@T0.7", 4, 0.7, "qa")]
     seen = [p.prompt_id for w in workloads for rep in w.prompts for p in rep]
-    assert len(seen) == len(set(seen)) == 4 * 2 * 2
+    assert len(seen) == len(set(seen)) == (2 + 2 + 4 + 4) * 2  # at c4, one request per slot at least
+    assert [len(w.prompts[0]) for w in workloads] == [2, 2, 4, 4]
     # the default plan picks the same prompts as before the variants existed (old results replay)
     default = build_workloads(Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2,
                                    repeats=2, concurrency=[], specbench=str(path)), _Tok())

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "no speculation always runs first as the reference",
     )
     p.add_argument("--categories", nargs="*", default=list(DEFAULT_CATEGORIES),
-                   help="batch-1 prompt categories (default: %(default)s); none to skip")
+                   help="batch-1 prompt categories (default: %(default)s); the flag alone skips them")
     p.add_argument("--prompts-per-category", type=int, default=6)
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0],
                    help="temperatures of the category workloads (default: %(default)s = greedy); each gets its "
@@ -36,9 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every request generates --max-tokens tokens (vLLM's ignore_eos): sampled workloads "
                    "with several requests in flight then compare equal work")
     p.add_argument("--category-concurrency", nargs="+", type=int, default=[1],
-                   help="requests in flight for the category workloads (default: %(default)s)")
+                   help="requests in flight for the category workloads (default: %(default)s); a workload at "
+                        "concurrency c runs max(--prompts-per-category, c) requests per repeat")
     p.add_argument("--concurrency", nargs="*", type=int, default=[1, 4, 16, 32],
-                   help="requests in flight for the ShareGPT sweep (default: %(default)s); none to skip")
+                   help="requests in flight for the ShareGPT sweep (default: %(default)s); the flag alone skips it")
     p.add_argument("--requests-per-slot", type=int, default=2,
                    help="sweep requests = max(--min-sweep-requests, this x concurrency)")
     p.add_argument("--min-sweep-requests", type=int, default=8)

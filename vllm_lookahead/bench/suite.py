@@ -109,15 +109,22 @@ def build_workloads(plan: Plan, tokenizer) -> list[Workload]:
     specbench = Path(plan.specbench) if plan.specbench else None
     per, reps = plan.prompts_per_category, plan.repeats
     variants = [(c, t) for c in plan.category_concurrency for t in plan.temperatures]
+    # a variant at concurrency c runs max(per, c) requests per repeat: every slot gets a request
+    sizes = [max(per, c) for c, _ in variants]
     workloads: list[Workload] = []
     for cat in plan.categories:
         # every (concurrency, temperature) variant and repeat gets its own prompts
-        want = per * reps * len(variants)
+        want = reps * sum(sizes)
         pairs = tokenize(category_prompts(cat, want, specbench), tokenizer, plan.max_prompt_tokens)
-        per_rep = per if len(pairs) >= want else len(pairs) // (reps * len(variants))  # a small category
-        for k, (conc, temp) in enumerate(variants):
-            chunk = pairs[k * per_rep * reps : (k + 1) * per_rep * reps]
-            prompts, ids = _split(chunk, per_rep, reps)
+        if len(pairs) < want:  # a small category: every variant shrinks alike
+            sizes_here = [max(1, n * len(pairs) // want) for n in sizes]
+        else:
+            sizes_here = sizes
+        cursor = 0
+        for (conc, temp), size in zip(variants, sizes_here):
+            chunk = pairs[cursor : cursor + size * reps]
+            cursor += size * reps
+            prompts, ids = _split(chunk, size, reps)
             workloads.append(Workload(workload_name(cat, conc, temp), "category", conc, prompts, ids, temp, cat))
     if plan.concurrency:
         counts = {c: max(plan.min_sweep_requests, plan.requests_per_slot * c) for c in plan.concurrency}

@@ -12,11 +12,15 @@ without speculation too (a seeded request with a 300-token prompt under
 frequent -- draft rows share the step's token budget with prefills -- so a lookahead engine
 must not inherit the crash: the soak test (tests/engine/test_soak.py) hit it within a minute.
 
-The fix, for the steps of lookahead engines (patch of ``GPUModelRunner.sample_tokens``): the
-generators of the rows vLLM will discard are taken out of the batch's generator table for the
-step and put back afterwards.  vLLM's sampler then draws the discarded row's token from the
-global stream (it is dropped anyway) and the request's own generator is untouched -- exactly
-"as if the token was not sampled", on any device, with no rewind to undo.
+The fix, for every engine in a process where the plugin is loaded -- lookahead, vLLM's other
+methods and no speculation alike, so that a comparison without speculation runs the same
+traffic (patch of ``GPUModelRunner.sample_tokens``): the generators of the rows vLLM will
+discard are taken out of the batch's generator table for the step and put back afterwards.
+vLLM's sampler then draws the discarded row's token from the global stream (it is dropped
+anyway) and the request's own generator is untouched -- exactly "as if the token was not
+sampled", what vLLM's rewind does on CUDA, on any device, with no rewind to undo.  Without
+speculation a seeded request's tokens are then the same whether its prefill was chunked or not,
+and lookahead's, verified against vLLM's own sampler noise, are the same tokens.
 """
 
 from __future__ import annotations
