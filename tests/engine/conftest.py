@@ -10,7 +10,8 @@
   prompts, params) in the pool's no-speculation engine.
 * ``toy_servers``: two OpenAI servers on the toy model (lookahead and no speculation, see
   ``servers.py``) for the server tests; started on first use, stopped after the last test
-  that asks for them.
+  that asks for them.  ``toy_reference``: their no-speculation one while it runs, else a
+  module's own.
 * The test order groups the tests that share engines (``ORDER``): toy model first, then
   the bundled model.
 """
@@ -63,10 +64,12 @@ ORDER = (
     "test_toy_exactness.py",
     "test_edge_cases.py",
     "test_toy_sampling_features.py",
+    "test_per_request_settings.py",
     "test_sampling_stats.py::test_toy",
     "test_bench_cli.py",
-    "test_metrics_server.py",  # the first three share the toy servers (``toy_servers``)
+    "test_metrics_server.py",  # these four share the toy servers (``toy_servers``)
     "test_bad_requests.py",
+    "test_data_parallel.py",
     "test_soak.py",
     "test_tensor_parallel.py",
     "test_serve.py",
@@ -90,11 +93,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 _TOY_SERVERS: dict = {}  # name -> servers.Server while the session's toy servers run
-_LAST_TOY_SERVER_USER: list[str] = []  # node id of the last selected test asking for them
+_LAST_TOY_SERVER_USER: list[str] = []  # node id of the last selected test using them (toy_servers, toy_reference)
 
 
 def pytest_collection_finish(session):
-    users = [it.nodeid for it in session.items if "toy_servers" in getattr(it, "fixturenames", ())]
+    users = [it.nodeid for it in session.items
+             if {"toy_servers", "toy_reference"} & set(getattr(it, "fixturenames", ()))]
     _LAST_TOY_SERVER_USER[:] = users[-1:]
 
 
@@ -124,6 +128,27 @@ def toy_servers(toy_model, tmp_path_factory, engines):
     for server in servers.values():
         server.stop()
     _TOY_SERVERS.clear()
+
+
+@pytest.fixture(scope="module")
+def toy_reference(toy_model, tmp_path_factory, engines):
+    """A no-speculation toy server (``servers.TOY_ARGS``) for one module: the session's
+    (``toy_servers["none"]``) while it runs, else the module's own, stopped after the module (the
+    in-process engines are closed first, as for the session's).  The module's own may still be
+    starting: wait for it with ``servers.start_all``, with the module's other servers, which then
+    start side by side."""
+    from servers import TOY_ARGS, Server
+
+    shared = _TOY_SERVERS.get("none")
+    if shared is not None and shared.alive():
+        yield shared
+        return
+    engines.close_all()
+    own = Server("none", toy_model, None, TOY_ARGS, tmp_path_factory.mktemp("toy-reference"))
+    try:
+        yield own
+    finally:
+        own.stop()
 
 
 class EnginePool:

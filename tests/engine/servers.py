@@ -37,16 +37,18 @@ def free_port() -> int:
 
 
 class Server:
-    """One ``vllm-lookahead serve`` process (``spec`` None: no speculation)."""
+    """One ``vllm-lookahead serve`` process (``spec`` None: no speculation; ``env``: variables
+    added to this process's environment)."""
 
-    def __init__(self, name: str, model: str, spec: dict | None, args: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, model: str, spec: dict | None, args: list[str], log_dir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{name}.log"
         argv = [*CLI, "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args]
         argv += ["--no-speculation"] if spec is None else ["--speculative-config", json.dumps(spec)]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(env or {})}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 

@@ -97,3 +97,87 @@ def test_client_dropping_a_stream_leaves_the_server_healthy_and_exact(servers):
             assert status == 200, answer
             answers[name] = (answer["choices"][0]["text"], answer["usage"]["completion_tokens"])
         assert answers["lookahead"] == answers["none"], answers
+
+
+# -- per-request lookahead settings (vllm_xargs -> SamplingParams.extra_args) ------------------
+
+BAD_SETTINGS = {  # needle -> vllm_xargs; the lookahead server runs servers.TOY_SPEC (W=7, the defaults)
+    "max_lead_tokens": {"lookahead_max_lead_tokens": -3},
+    "window_size": {"lookahead_window_size": 8},  # above the engine's 7
+    "ngram_size": {"lookahead_ngram_size": 3},  # per engine
+    "lookahead_windowsize": {"lookahead_windowsize": 2},  # unknown
+    "'lookahead'": {"lookahead": "sometimes"},
+    "shared_pool": {"lookahead_shared_pool": True},  # the engine has no shared pool
+}
+
+
+def _chat(**fields) -> bytes:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16,
+                       **fields}).encode()
+
+
+@pytest.mark.parametrize("needle", list(BAD_SETTINGS))
+def test_a_bad_lookahead_setting_is_a_400_naming_the_key(servers, needle):
+    bases, procs = servers
+    xargs = BAD_SETTINGS[needle]
+    (key,) = xargs
+    for path, body in (("/v1/completions", _completion(vllm_xargs=xargs)), ("/v1/chat/completions", _chat(vllm_xargs=xargs))):
+        status, answer = _post(bases["lookahead"], path, body)
+        assert status == 400, (path, status, answer)
+        assert needle in answer["error"]["message"] and answer["error"]["param"] == key, answer
+        # without lookahead nobody reads the key, as vLLM leaves extra_args alone
+        status, answer = _post(bases["none"], path, body)
+        assert status == 200, answer
+    assert procs["lookahead"].poll() is None
+    status, answer = _post(bases["lookahead"], "/v1/completions", _completion(max_tokens=8, temperature=0))
+    assert status == 200 and answer["usage"]["completion_tokens"] == 8, answer
+
+
+def test_per_request_settings_in_a_concurrent_batch_are_exact_and_off_is_never_drafted(servers):
+    """Requests sent together (one batch): those turned off get no draft (vLLM's per-request
+    spec-decode metrics, on for this server), the others draft; every greedy answer equals the
+    server without speculation; the turned-off ones count as ``reason="request"``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from servers import metric_total, scrape
+
+    bases, _ = servers
+    settings = [None, {"lookahead": "off"}, {"lookahead_window_size": 0, "lookahead_max_lead_tokens": 4}, None,
+                {"lookahead": "off"}, {"lookahead_shared_pool": False, "lookahead_pool_from_prompt": False}]
+    prompts = [PROMPT + "    " * k for k in range(len(settings))]
+
+    def body(i: int) -> bytes:
+        extra = {"vllm_xargs": settings[i]} if settings[i] else {}
+        return json.dumps({"model": MODEL, "prompt": prompts[i], "max_tokens": 96, "temperature": 0, **extra}).encode()
+
+    before = scrape(bases["lookahead"])
+    answers = {}
+    for name, base in bases.items():
+        with ThreadPoolExecutor(len(settings)) as pool:
+            answers[name] = list(pool.map(lambda i: _post(base, "/v1/completions", body(i)), range(len(settings))))
+    time.sleep(2)  # the engine's stats reach the API server with its next stats message
+    after = scrape(bases["lookahead"])
+    for i, ((status, got), (status_none, want)) in enumerate(zip(answers["lookahead"], answers["none"])):
+        assert status == status_none == 200, (got, want)
+        assert got["choices"][0]["text"] == want["choices"][0]["text"], (i, settings[i])
+        drafts = ((got.get("metrics") or {}).get("speculative_decoding") or {}).get("num_draft_tokens", 0)
+        if settings[i] and settings[i].get("lookahead") == "off":
+            assert drafts == 0, (i, got.get("metrics"))
+        else:
+            assert drafts > 0, (i, settings[i], got.get("metrics"))
+    undrafted = (metric_total(after, "vllm:lookahead_undrafted_requests_total", reason="request")
+                 - metric_total(before, "vllm:lookahead_undrafted_requests_total", reason="request"))
+    assert undrafted == 2
+
+
+def test_the_readme_http_example_runs(servers):
+    import subprocess
+    import sys
+
+    from harness import readme_python_block
+
+    bases, _ = servers
+    example = readme_python_block("# Per-request settings over HTTP")
+    example = example.replace("http://127.0.0.1:8000", bases["lookahead"]).replace('"SmolLM2-135M-Instruct"', repr(MODEL))
+    done = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -98,6 +99,10 @@ def _send_requests(base: str) -> list[dict]:
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "min_p"})
     r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, temperature=0)
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "no_room"})
+    # and one that asks for no drafts (a per-request setting, vllm_xargs)
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0,
+                                  extra_body={"vllm_xargs": {"lookahead": "off"}})
+    results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "request"})
     return results
 
 
@@ -170,10 +175,25 @@ def test_counters_agree_with_tokens_received(traffic):
 
 def test_undrafted_requests_counted_by_reason(traffic):
     before, after, results, _ = traffic
-    for reason in ("min_p", "no_room"):
+    for reason in ("min_p", "no_room", "request"):
         expected = sum(1 for r in results if r.get("undrafted") == reason)
         assert delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason) == expected, reason
     assert "model_name=\"toy\"" in next(s for s in after if s.startswith("vllm:lookahead_undrafted_requests_total"))
+
+
+def test_every_api_server_refuses_a_bad_lookahead_setting(server):
+    """The input processor of each API server process validates per-request settings (vLLM loads
+    the plugin in each): a bad value is a 400 naming the key, on fresh connections to either."""
+    base, proc, _ = server
+    body = json.dumps({"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8,
+                       "vllm_xargs": {"lookahead_max_lead_tokens": -3}}).encode()
+    for _ in range(6):
+        req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=60)
+        assert info.value.code == 400
+        assert "max_lead_tokens must be an integer in [0, 256]" in json.load(info.value)["error"]["message"]
+    assert proc.poll() is None
 
 
 def _state_gauges(base: str) -> dict[str, float]:

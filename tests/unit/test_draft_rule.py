@@ -176,10 +176,13 @@ def test_acceptance_splits_first_and_next_tokens():
 
 def test_lead_confidence_follows_the_evidence_and_the_request():
     fresh = LeadConfidence()
-    # a longer matched context and more support: likelier (the fitted priors, docs/results.md)
+    # a longer matched context and more support: likelier (the fitted priors, core/fitted.json)
     assert fresh.first(E(1, 1)) < fresh.first(E(1, 5)) < fresh.first(E(2, 5)) < fresh.first(E(3, 5))
     assert fresh.first(E(1, 1)) < fresh.first(E(2, 1)) < fresh.first(E(3, 1))
-    assert 0.15 < fresh.first(E(1, 1)) < 0.25 and 0.7 < fresh.first(E(3, 1)) < 0.85 and fresh.first(E(3, 8)) > 0.95
+    for context in (1, 2, 3):
+        by_support = [fresh.first(E(context, s)) for s in (1, 2, 4, 8, 64)]
+        assert all(a < b for a, b in zip(by_support, by_support[1:])) and 0.0 < by_support[0] and by_support[-1] < 1.0
+    assert fresh.first(E(1, 1)) < 0.5 < fresh.first(E(3, 1))  # a one-token match seen once is a guess, three tokens are not
     assert fresh.next(E(1)) < fresh.next(E(2)) < fresh.next(E(3)) and fresh.first(E(9, 1)) == fresh.first(E(3, 1))
     # a request whose confident leads keep failing is believed less, one whose weak leads hit more
     doubtful, lucky = LeadConfidence(), LeadConfidence()
@@ -189,6 +192,29 @@ def test_lead_confidence_follows_the_evidence_and_the_request():
     assert doubtful.first(E(3, 4)) < 0.5 < fresh.first(E(3, 4))
     assert lucky.first(E(1, 1)) > 0.5 > fresh.first(E(1, 1)) and lucky.next(E(1)) > fresh.next(E(1))
     assert doubtful.next(E(3)) == fresh.next(E(3))  # no next token was ever tried
+
+
+def test_a_shared_pool_lead_is_trusted_less_than_the_same_evidence_in_the_requests_own_text():
+    fresh = LeadConfidence()
+    for context in (1, 2, 3):
+        for support in (1, 2, 5, 20):
+            own, shared = E(context, support), E(context, support, shared=True)
+            assert 0.0 < fresh.first(shared) < fresh.first(own)
+        assert 0.0 < fresh.next(E(context, shared=True)) < fresh.next(E(context))
+        # more support raises a shared lead too, and a longer match
+        assert fresh.first(E(context, 1, shared=True)) < fresh.first(E(context, 5, shared=True))
+    assert fresh.first(E(1, 1, shared=True)) <= fresh.first(E(3, 1, shared=True))
+
+
+def test_the_candidate_and_window_priors_are_small_gains():
+    """Before any outcome, a further candidate or window column is believed to add a fraction of a
+    token (a lead's first token, the likeliest piece, is worth more) and rates only follow outcomes."""
+    acc = Acceptance()
+    options_gain = (acc.candidate.value, acc.window_column.value)
+    assert all(0.0 < g < LeadConfidence().first(E(1, 1)) for g in options_gain)
+    for _ in range(40):
+        acc.observe(lead=0, lead_accepted=0, candidates=4, accepted=4, window_columns=2, window_accepted=2)
+    assert acc.candidate.value > options_gain[0] and acc.window_column.value > options_gain[1]
 
 
 def _decode(state: RequestLookahead, text: list[int], cost: StepCost, start: int) -> tuple[int, list[int]]:

@@ -8,14 +8,16 @@ against the vLLM actually installed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import pickle
 from pathlib import Path
 
 import pytest
 
 from vllm_lookahead.engine import patching
-from vllm_lookahead.engine.patching import Patch, PatchError, PatchSet
+from vllm_lookahead.engine.patching import AddedField, Patch, PatchError, PatchSet
 
 HERE = Path(__file__).resolve().parent
 
@@ -138,6 +140,45 @@ def test_timers_stack_on_lookahead_and_undo_in_order():
     assert Runner().step(1, 2) == ("step", 1, 2)
 
 
+@dataclasses.dataclass
+class Stats:
+    steps: int = 0
+
+
+NOTE = AddedField(f"{__name__}:Stats.note", "dict | None", "why a field; details")
+
+
+def test_an_added_field_is_declared_carried_and_undone(caplog):
+    with caplog.at_level(logging.DEBUG, logger="vllm.lookahead"):
+        fields = PatchSet().apply([NOTE])
+        PatchSet().apply([NOTE])  # declared already: nothing to say
+    try:
+        assert [f.name for f in dataclasses.fields(Stats)] == ["steps", "note"]
+        stats = Stats(steps=3)  # vLLM's __init__ is unchanged: the default until set
+        assert stats.note is None
+        stats.note = {"a": 1}
+        assert pickle.loads(pickle.dumps(stats)).note == {"a": 1}
+    finally:
+        fields.undo()
+    assert [f.name for f in dataclasses.fields(Stats)] == ["steps"]
+    assert "note" not in vars(Stats) and "note" not in Stats.__annotations__
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
+        f"vllm-lookahead: declared {NOTE.target}: why a field"]
+
+
+def test_an_added_field_is_refused_where_it_cannot_be_declared_safely(monkeypatch):
+    with pytest.raises(PatchError, match=r"Stats\.steps is already declared"):
+        PatchSet().apply([AddedField(f"{__name__}:Stats.steps", "int", "r")])  # vLLM's own field
+    with pytest.raises(PatchError, match="is not a dataclass"):
+        PatchSet().apply([AddedField(f"{__name__}:Runner.note", "int", "r")])
+    with pytest.raises(PatchError, match="has no Missing"):
+        PatchSet().apply([AddedField(f"{__name__}:Missing.note", "int", "r")])
+    monkeypatch.setattr(patching, "_vllm_root", lambda: "/opt/vllm/")
+    with pytest.raises(PatchError, match="is not vLLM's class"):
+        PatchSet().apply([NOTE])
+    assert [f.name for f in dataclasses.fields(Stats)] == ["steps"]
+
+
 # -- the table against the installed vLLM ---------------------------------------------
 
 vllm = pytest.importorskip("vllm")
@@ -175,6 +216,26 @@ def test_every_table_entry_matches_the_installed_vllm(real_vllm_root):
     design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
         assert patch.owner_path[1] in design, f"docs/design.md does not list {patch.target}"
+
+
+def test_the_fields_are_declared_on_vllms_classes(real_vllm_root):
+    from vllm.v1.metrics.stats import SchedulerStats
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+    from vllm_lookahead.engine.patches import FIELDS, INSTALLED
+
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    for added in FIELDS:
+        assert added.target in design, f"docs/design.md does not list {added.target}"
+    INSTALLED.apply(FIELDS)  # as the plugin does in every process (idempotent)
+    classes = {"SchedulerStats": SchedulerStats, "ModelRunnerOutput": ModelRunnerOutput}
+    for added in FIELDS:
+        owner, name = added.owner_path[1].split(".")
+        assert name in {f.name for f in dataclasses.fields(classes[owner])}
+    assert EMPTY_MODEL_RUNNER_OUTPUT.lookahead_report is None
+    output = ModelRunnerOutput(req_ids=["a"], req_id_to_index={"a": 0})
+    output.lookahead_report = {"trees": {}}
+    assert pickle.loads(pickle.dumps(output)).lookahead_report == {"trees": {}}  # worker -> scheduler process
 
 
 def test_a_runner_subclass_overriding_a_patched_method_is_refused(real_vllm_root):

@@ -171,3 +171,24 @@ def test_thinking_budget_limits_the_draft_depth_and_stops_before_markers():
     assert drafts[1] == [2, 3, 4, 1, 2]
     assert drafts[2] == [2, 3]  # stops before the end marker
     assert drafts[3][:5] == drafts[1] and len(drafts[3]) > 5  # no budget: not limited
+
+
+def test_where_drafting_was_measured_slower_the_batch_is_not_drafted():
+    """The measured gate (core/draft_gate.py) pauses drafting at a batch size where it has been
+    slower than not drafting: no drafts, no per-request work, the reason on the metric."""
+    from vllm_lookahead.core.draft_gate import DraftGate
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3)
+    owner = p.owner
+    owner.cost = StepCost.linear(0.020, 0.0)  # free tokens: the rule alone would draft
+    gate = DraftGate()
+    for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:  # drafting: same tokens, slower
+        gate.observe(2, 2, seconds, drafting)
+    owner.gate = gate
+    prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
+    _bind(p, prompts)
+    assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
+    assert owner.requests == {} and owner.pending == {}
+    assert owner.report.undrafted == {"a": "measured_slower", "b": "measured_slower"}
+    assert gate.ratio(2) == pytest.approx(2 / 3)

@@ -46,6 +46,17 @@ def test_a_changed_signature_is_reported():
     assert any("not in the source" in p for p in check(read))  # every other module is missing
 
 
+def test_a_field_vllm_declares_itself_or_a_class_that_is_no_dataclass_is_reported():
+    read = fake_vllm({
+        "vllm/a.py": "from dataclasses import dataclass\n\n@dataclass\nclass S:\n    steps: int = 0\n",
+        "vllm/b.py": "class S:\n    pass\n",
+    })
+    assert source_check.field_problem(read, "vllm.a:S.note") is None
+    assert source_check.field_problem(read, "vllm.a:S.steps") == "vllm.a:S declares steps itself"
+    assert source_check.field_problem(read, "vllm.b:S.note") == "vllm.b:S is not a dataclass"
+    assert source_check.field_problem(read, "vllm.c:S.note") == "module vllm.c not in the source"
+
+
 def test_imports_are_followed_to_the_definition():
     read = fake_vllm({
         "vllm/a.py": "from .b import f as g\nfrom vllm.c import K\n",

@@ -12,7 +12,7 @@ from vllm_lookahead.core import DraftTree
 from vllm_lookahead.core.request import StepDraft
 from vllm_lookahead.core.source import Source
 from vllm_lookahead.engine import spec_metrics
-from vllm_lookahead.engine.patches import add_scheduler_stats_field
+from vllm_lookahead.engine.patches import FIELDS, INSTALLED
 from vllm_lookahead.engine.stats import StepReport
 from vllm_lookahead.engine.verify_step import StepOutcome
 
@@ -32,7 +32,7 @@ def _step(level: str = "detailed"):
     """Two drafted requests and one that finishes undrafted, as vLLM's scheduler leaves them."""
     from vllm.v1.metrics.stats import SchedulerStats
 
-    add_scheduler_stats_field()
+    INSTALLED.apply(FIELDS)  # as the plugin does in every process (idempotent)
     # A: depth 3, 7 nodes, path of 3 accepted (prompt, window, window), all 4 tokens emitted.
     # B: depth 4, 4 nodes, path of 4 accepted but max_tokens let only 2 tokens out.
     report = {

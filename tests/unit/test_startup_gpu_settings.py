@@ -3,8 +3,9 @@
 FULL CUDA graphs would capture attention and skip the eager tree-attention pass on replay;
 the plugin turns them into PIECEWISE graphs when it builds the engine config, and the
 worker refuses a FULL mode that reaches it anyway.  Pipeline and decode-context
-parallelism are refused at start-up.  (Model Runner V2 is checked with vLLM's own
-decision in tests/engine/test_startup.py.)
+parallelism are refused at start-up; under data parallelism the draft-length schedule vLLM
+drops is put back.  (Model Runner V2 is checked with vLLM's own decision in
+tests/engine/test_startup.py.)
 """
 
 from __future__ import annotations
@@ -160,3 +161,26 @@ def test_vllms_step_budget_warning_is_explained_where_vllm_gives_it(caplog):
     (note,) = [r.getMessage() for r in caplog.records]
     assert note.startswith("vllm-lookahead: vLLM's warning \"max_num_scheduled_tokens is set to 2048 based on")
     assert "every speculative method" in note and f"lookahead's {LookaheadConfig().max_draft_tokens} " in note
+
+
+def test_the_draft_length_schedule_vllm_drops_under_data_parallelism_is_put_back(caplog):
+    """With data_parallel_size > 1 vLLM sets num_speculative_tokens_per_batch_size to None (its
+    scheduler would then pad fully cached prompts to 1 + K placeholder rows); lookahead's one-range
+    schedule gives every batch size the same K, so the check puts it back and says why, once."""
+    k = LookaheadConfig().max_draft_tokens
+    dropped = _vllm_config(data_parallel_size=2)
+    dropped.speculative_config.num_speculative_tokens_per_batch_size = None
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        startup.check_engine_config(dropped)
+    assert dropped.speculative_config.num_speculative_tokens_per_batch_size == [(1, startup.MAX_BATCH, k)]
+    notes = [r.getMessage() for r in caplog.records if "data parallelism" in r.getMessage()]
+    assert len(notes) == 1 and f"the same {k} draft tokens" in notes[0] and f"{k + 1} placeholder rows" in notes[0]
+
+    caplog.clear()
+    for dp, schedule in ((1, None), (2, [(1, 8, 3)])):  # one engine: nothing dropped; a schedule present: kept
+        config = _vllm_config(data_parallel_size=dp)
+        config.speculative_config.num_speculative_tokens_per_batch_size = schedule
+        with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+            startup.check_engine_config(config)
+        assert config.speculative_config.num_speculative_tokens_per_batch_size == schedule
+    assert not [r for r in caplog.records if "data parallelism" in r.getMessage()]

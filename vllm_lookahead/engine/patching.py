@@ -16,6 +16,11 @@ other way.  Applying a :class:`Patch`:
 4. installs ``make(original)`` (original kept as ``__wrapped__``), logs the symbol and
    the reason at DEBUG, and returns an :class:`Applied` that :meth:`PatchSet.undo` can revert.
 
+An :class:`AddedField` -- a field the plugin declares on a vLLM dataclass so that data of its
+own rides where vLLM carries that dataclass -- goes through the same steps: the class must be a
+dataclass defined by vLLM without a field of that name (one vLLM or another plugin added is
+refused), the field is declared with the default None, logged, and removed by the undo.
+
 :meth:`PatchSet.apply` logs one INFO line per call for what it newly installed.  vLLM loads
 the plugin in each of its processes (API server, engine core, every worker) and the table
 applies in each, so a per-patch INFO list would repeat in every process's log;
@@ -24,6 +29,7 @@ applies in each, so a per-patch INFO list would repeat in every process's log;
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -42,8 +48,17 @@ class PatchError(RuntimeError):
     """A vLLM symbol cannot be patched safely (missing, changed signature, patched by someone else)."""
 
 
+class _Target:
+    target: str
+
+    @property
+    def owner_path(self) -> tuple[str, str]:
+        module, _, qualname = self.target.partition(":")
+        return module, qualname
+
+
 @dataclass(frozen=True)
-class Patch:
+class Patch(_Target):
     """One replaced vLLM symbol.
 
     ``target``: ``"package.module:Owner.name"`` (a method of a class) or
@@ -60,17 +75,28 @@ class Patch:
     make: Callable[[Callable], Callable] = field(compare=False, repr=False)
     tag: str = "lookahead"  # who applies it: "lookahead" (the plugin) or "bench-timer"
 
-    @property
-    def owner_path(self) -> tuple[str, str]:
-        module, _, qualname = self.target.partition(":")
-        return module, qualname
+
+@dataclass(frozen=True)
+class AddedField(_Target):
+    """One field declared on a vLLM dataclass (default None).
+
+    ``target``: ``"package.module:Class.field"``; ``type``: the field's annotation;
+    ``reason``: why the data cannot travel in a field vLLM declares (logged, and listed in the docs).
+    vLLM's generated ``__init__`` does not take the field: instances read the default until
+    the plugin sets the attribute.
+    """
+
+    target: str
+    type: Any
+    reason: str
+    tag: str = "lookahead"
 
 
 @dataclass
 class Applied:
     """An installed patch: enough to check it and to put the original back."""
 
-    patch: Patch
+    patch: Patch | AddedField
     owner: Any
     name: str
     original: Callable
@@ -79,6 +105,17 @@ class Applied:
 
 def resolve(patch: Patch) -> tuple[Any, str]:
     """(owner object, attribute name) of ``patch.target``; raises :class:`PatchError` if absent."""
+    owner, name = _owner(patch)
+    if name not in vars(owner):
+        raise PatchError(
+            f"vllm-lookahead: {patch.target} does not exist in the installed vLLM; "
+            "this vLLM release is not supported by this version of the plugin"
+        )
+    return owner, name
+
+
+def _owner(patch: Patch | AddedField) -> tuple[Any, str]:
+    """(object that holds the target, attribute name), the attribute itself not looked up."""
     module_name, qualname = patch.owner_path
     try:
         owner: Any = importlib.import_module(module_name)
@@ -89,11 +126,6 @@ def resolve(patch: Patch) -> tuple[Any, str]:
         owner = getattr(owner, part, None)
         if owner is None:
             raise PatchError(f"vllm-lookahead: {patch.target}: {module_name} has no {'.'.join(path)}")
-    if name not in vars(owner):
-        raise PatchError(
-            f"vllm-lookahead: {patch.target} does not exist in the installed vLLM; "
-            "this vLLM release is not supported by this version of the plugin"
-        )
     return owner, name
 
 
@@ -196,12 +228,68 @@ def _install(patch: Patch) -> tuple[Applied, bool]:
     return applied, True
 
 
-def _short_reason(patch: Patch) -> str:
+def _add_field(added: AddedField) -> tuple[Applied, bool]:
+    """Declare ``added`` on its vLLM dataclass; whether this call declared it (False: it was
+    declared already, by this plugin)."""
+    cls, name = _owner(added)
+    declared = getattr(cls, "__dataclass_fields__", None)
+    if not isinstance(cls, type) or declared is None:
+        raise PatchError(f"vllm-lookahead: {added.target}: {cls!r} is not a dataclass in the installed vLLM; "
+                         "this vLLM release is not supported by this version of the plugin")
+    if not _class_file(cls).startswith(_vllm_root()):
+        raise PatchError(f"vllm-lookahead: {added.target}: {cls.__module__}.{cls.__qualname__} is not vLLM's class "
+                         f"(defined in {_class_file(cls)}); lookahead cannot declare a field on it")
+    existing = declared.get(name)
+    record = existing.metadata.get(MARK) if existing is not None else None
+    if record is not None and record.patch == added:
+        return record, False  # declared already in this process
+    if existing is not None or name in vars(cls):
+        raise PatchError(
+            f"vllm-lookahead: {added.target} is already declared (by the installed vLLM or another plugin); "
+            "lookahead would overwrite it. Load only one plugin that uses it (VLLM_PLUGINS), or a vLLM "
+            "release this version of the plugin supports."
+        )
+    meta: dict[str, Applied] = {}
+    new = dataclasses.field(default=None, metadata=meta)
+    new.name, new.type = name, added.type
+    new._field_type = dataclasses._FIELD  # type: ignore[attr-defined]  # what @dataclass sets on its fields
+    applied = Applied(added, cls, name, _ABSENT, new)
+    meta[MARK] = applied
+    declared[name] = new
+    cls.__annotations__[name] = added.type
+    setattr(cls, name, None)
+    logger.debug("vllm-lookahead: declared %s: %s", added.target, _short_reason(added))
+    return applied, True
+
+
+def _remove_field(a: Applied) -> None:
+    """Undo :func:`_add_field`."""
+    declared = a.owner.__dataclass_fields__
+    if a.name not in declared:
+        return  # removed already (the same field was applied twice in this set)
+    if declared[a.name] is not a.replacement:
+        raise PatchError(f"vllm-lookahead: cannot undo {a.patch.target}: something declared it over ours since")
+    del declared[a.name]
+    a.owner.__annotations__.pop(a.name, None)
+    delattr(a.owner, a.name)
+
+
+_ABSENT = object()  # the "original" of a field the plugin declared
+
+
+def _class_file(cls: type) -> str:
+    try:
+        return os.path.realpath(inspect.getfile(cls))
+    except TypeError:  # a builtin class
+        return "?"
+
+
+def _short_reason(patch: Patch | AddedField) -> str:
     """The reason up to its first parenthesis or semicolon."""
     return re.split(r" \(|;", patch.reason, maxsplit=1)[0]
 
 
-def summary(patches: list[Patch]) -> str:
+def summary(patches: list[Patch | AddedField]) -> str:
     """One line for patches installed together: the single symbol, or how many (and where the list is)."""
     tags = ", ".join(sorted({p.tag for p in patches}))
     if len(patches) == 1:
@@ -216,11 +304,11 @@ class PatchSet:
     def __init__(self) -> None:
         self.applied: list[Applied] = []
 
-    def apply(self, patches: list[Patch] | tuple[Patch, ...]) -> "PatchSet":
+    def apply(self, patches: "list[Patch | AddedField] | tuple[Patch | AddedField, ...]") -> "PatchSet":
         """Install ``patches`` in order; one INFO line (:func:`summary`) for those not installed before."""
         new = []
         for patch in patches:
-            applied, installed = _install(patch)
+            applied, installed = _add_field(patch) if isinstance(patch, AddedField) else _install(patch)
             self.applied.append(applied)
             if installed:
                 new.append(patch)
@@ -232,6 +320,9 @@ class PatchSet:
         """Put the originals back; refuses if a later patch was stacked on one of ours."""
         while self.applied:
             a = self.applied.pop()
+            if isinstance(a.patch, AddedField):
+                _remove_field(a)
+                continue
             current = vars(a.owner).get(a.name)
             if current is a.original:
                 continue  # undone already (the same patch was applied twice in this set)

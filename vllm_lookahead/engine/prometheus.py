@@ -18,7 +18,7 @@ the engine core from what the workers reported) becomes, in vLLM's naming and la
 ``vllm:lookahead_drafted_steps_total``      counter    drafted request-steps (the histograms' count)
 ``vllm:lookahead_undrafted_requests_total`` counter    finished requests that never had a draft, by
                                                        ``reason`` (min_p, logit_bias, ..., no_room,
-                                                       batch_full, no_candidate)
+                                                       batch_full, measured_slower, no_candidate)
 ``vllm:lookahead_pool_ngrams``              gauge      n-grams in the live requests' pools
 ``vllm:lookahead_request_states``           gauge      requests with lookahead state, by ``holder``
                                                        (worker, scheduler): follows the running

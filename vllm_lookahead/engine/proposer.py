@@ -11,16 +11,20 @@ which attaches itself when the runner first needs it; this class only forwards.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from vllm_lookahead.config import LookaheadConfig
 
-if TYPE_CHECKING:
-    from vllm_lookahead.engine.runner import RunnerLookahead
-
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
+
+
+class DraftOwner(Protocol):
+    """What the proposer forwards to: the runner's lookahead state (``RunnerLookahead``)."""
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray) -> list[list[int]]: ...
 
 
 class LookaheadProposer:
@@ -28,9 +32,10 @@ class LookaheadProposer:
 
     def __init__(self, vllm_config: Any) -> None:
         self.config = LookaheadConfig.from_vllm_config(vllm_config)
-        self.owner: RunnerLookahead | None = None
+        self.owner: DraftOwner | None = None
 
-    def attach(self, owner: "RunnerLookahead") -> None:
+    def attach(self, owner: DraftOwner) -> None:
+        """``owner`` answers :meth:`propose` from now on (the runner's lookahead state, when created)."""
         self.owner = owner
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:

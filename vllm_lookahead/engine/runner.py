@@ -12,7 +12,7 @@ order -- the data path of one step:
                      the scheduler sent (:mod:`.tree_batch`), rewrite draft RoPE
                      positions to ``context + depth`` (KV slots stay linear),
                      choose logits rows
-``AttentionImpl.forward``  reads the batch through :func:`current_tree_batch`
+``AttentionImpl.forward``  reads the batch through :meth:`.step_context.StepContext.tree_batch`
                      and recomputes branching trees' draft rows (:mod:`.attention`)
 ``_sample``          :meth:`~RunnerLookahead.sample`: verify, compact KV
                      (:mod:`.verify_step`), keep each request's outcome
@@ -39,6 +39,7 @@ import torch
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft
+from vllm_lookahead.core.draft_gate import DraftGate
 from vllm_lookahead.core.draft_rule import lead_floor, plan_step
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.request import StepCandidates
@@ -46,23 +47,16 @@ from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.attention import unsupported_feature
 from vllm_lookahead.engine.cost_profile import agree_across_ranks, fallback_cost, profile_forward_cost
 from vllm_lookahead.engine.draft_step import draft_room, window_seed
-from vllm_lookahead.engine import eligibility
+from vllm_lookahead.engine import eligibility, request_overrides
 from vllm_lookahead.engine.kv import SUPPORTED_BACKENDS, SUPPORTED_CPU_ISAS, PagedKV, kv_views
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.stats import LookaheadStats, StepReport
+from vllm_lookahead.engine.step_context import STEP_CONTEXT
 from vllm_lookahead.engine.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
 from vllm_lookahead.engine.verify_step import StepOutcome, sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
-
-_CURRENT: "RunnerLookahead | None" = None  # the owner in this process (one model runner per worker)
-
-
-def current_tree_batch() -> TreeBatch | None:
-    """The trees of the step this process is executing, for hooks that are not runner methods
-    (the attention wrapper, the grammar-bitmask hook); None outside a lookahead tree step."""
-    return _CURRENT.batch if _CURRENT is not None else None
 
 
 class RunnerLookahead:
@@ -79,6 +73,11 @@ class RunnerLookahead:
         self.cost: StepCost | None = None
         self.cost_frozen = False  # tensor parallel: one model for all ranks, not refined per rank
         self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
+        # whether drafting pays at all at a batch size, measured (core/draft_gate.py); the last
+        # proposal's time and policy, and whether the step since then was decode-only
+        self.gate = DraftGate() if self.config.cost_rule else None
+        self._gate_clock: tuple[float, bool] | None = None
+        self._decode_step = False
         self.requests: dict[str, RequestLookahead] = {}
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
@@ -106,8 +105,7 @@ class RunnerLookahead:
             state = cls(runner, drafter) if isinstance(drafter, LookaheadProposer) else None
             runner._lookahead = state
             if state is not None:
-                global _CURRENT
-                _CURRENT = state
+                STEP_CONTEXT.register(state)  # for the hooks vLLM calls without a runner
         return state
 
     # -- engine start-up -----------------------------------------------------------------
@@ -182,7 +180,8 @@ class RunnerLookahead:
         self.outcomes.clear()
         spec = scheduler_output.scheduled_spec_decode_tokens
         self._step_clock = None
-        if self.config.cost_rule and _decode_only(scheduler_output):
+        self._decode_step = _decode_only(scheduler_output)
+        if self.config.cost_rule and self._decode_step:
             self._step_clock = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
         if not spec:
             return result
@@ -257,6 +256,8 @@ class RunnerLookahead:
         self.report.verify_seconds += seconds
         if self.stats.maybe_log() and self.cost is not None:
             logger.info("lookahead: the draft rule's step cost: %s", self.cost.describe())
+            if self.gate is not None:
+                logger.info("lookahead: tokens/s drafting vs not, by requests in flight: %s", self.gate.describe())
         return output
 
     def _time_step(self, logits: torch.Tensor) -> None:
@@ -280,6 +281,8 @@ class RunnerLookahead:
         decoding = sum(1 for s in sampled_token_ids if s)
         budget = self.config.draft_budget(decoding)
         can_draft = budget != 0 and (budget is not None or self._any_draft_pays(decoding))
+        gated = budget is None and not self._gate(t0, decoding, sampled_token_ids, can_draft)
+        can_draft = can_draft and not gated
         drafts: list[list[int]] = []
         undrafted = self.report.undrafted
         wanted: list[tuple[int, str, RequestLookahead, StepCandidates, bool, int, Any]] = []
@@ -294,7 +297,7 @@ class RunnerLookahead:
                 # Nothing to draft this step (no new token, or a batch too full for drafts):
                 # the pools catch up on the skipped tokens when the request drafts again.
                 if new_tokens:
-                    undrafted[req_id] = "batch_full"
+                    undrafted[req_id] = "measured_slower" if gated else "batch_full"
                 continue
             num_tokens = int(num_tokens_no_spec[i])
             history = token_ids_cpu[i, :num_tokens]
@@ -302,8 +305,9 @@ class RunnerLookahead:
             state = self.requests.get(req_id)
             if state is None:
                 prompt = req_state.prompt_token_ids or []
-                state = RequestLookahead(self.config, prompt, seed=window_seed(self.config.seed, prompt),
-                                         shared=self.shared)
+                # the request's own settings (extra_args), validated where vLLM accepted it
+                cfg, shared = request_overrides.for_request(self.config, req_state.sampling_params, self.shared)
+                state = RequestLookahead(cfg, prompt, seed=window_seed(cfg.seed, prompt), shared=shared)
                 self.requests[req_id] = state
             if outcome is not None:
                 assert outcome.draft is not None
@@ -311,7 +315,7 @@ class RunnerLookahead:
             else:
                 state.catch_up(history)
             if not can_draft:
-                undrafted[req_id] = "batch_full"
+                undrafted[req_id] = "measured_slower" if gated else "batch_full"
                 continue
             room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
             if room <= 0:
@@ -353,6 +357,20 @@ class RunnerLookahead:
         self.report.propose_seconds += seconds
         return drafts
 
+    def _gate(self, now: float, decoding: int, sampled_token_ids: list[list[int]], can_draft: bool) -> bool:
+        """Whether the measured gate (:mod:`~vllm_lookahead.core.draft_gate`) lets the next step
+        draft, once it has seen the decode-only step that ends with this proposal (False only
+        when ``can_draft`` and the gate says no)."""
+        if self.gate is None:
+            return True
+        if self._gate_clock is not None and self._decode_step:
+            since, drafted = self._gate_clock
+            self.gate.observe(decoding, sum(len(s) for s in sampled_token_ids), now - since, drafted)
+        self._decode_step = False
+        allowed = not can_draft or self.gate.allow(decoding)
+        self._gate_clock = (now, can_draft and allowed)
+        return allowed
+
     def _any_draft_pays(self, decoding: int) -> bool:
         """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's
         test for a batch too full to draft; when it fails no request does any work)."""
@@ -379,9 +397,10 @@ class RunnerLookahead:
         return room, thinking, eligibility.reason_label(reason) if reason is not None else "no_room"
 
     def attach_report(self, output: Any) -> Any:
-        """vLLM's ``ModelRunnerOutput`` of this step carrying :meth:`take_report` as an attribute
-        (pickled with it when the scheduler is another process); vLLM's shared empty output is
-        copied first.  Anything else (no output yet, an async or pipeline output) is returned as is."""
+        """vLLM's ``ModelRunnerOutput`` of this step carrying :meth:`take_report` in its field
+        ``lookahead_report`` (declared by the patch table, :data:`~.patches.FIELDS`; pickled with the
+        output when the scheduler is another process); vLLM's shared empty output is copied first.
+        Anything else (no output yet, an async or pipeline output) is returned as is."""
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
         if not isinstance(output, ModelRunnerOutput):

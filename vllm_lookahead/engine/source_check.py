@@ -9,6 +9,8 @@ for every :data:`~vllm_lookahead.engine.patches.PATCHES` and
 :data:`~vllm_lookahead.engine.patches.ATTENTION_PATCHES` target, the module must define the
 owner and the function with exactly the parameter names the patch was written for (the check
 :func:`~vllm_lookahead.engine.patching.check_signature` makes at start-up, done ahead of it);
+for every :data:`~vllm_lookahead.engine.patches.FIELDS` entry, the class must be a dataclass
+that does not declare the field itself;
 for every function in :data:`CALLS` -- vLLM functions the plugin calls with arguments it chose
 -- the call the plugin makes must still bind (enough positional parameters, the keywords
 exist, no new required parameter).  The source is parsed with :mod:`ast`; a name a module
@@ -92,8 +94,30 @@ def _resolve_import(node: ast.ImportFrom, module: str, path: str) -> str:
     return ".".join([*package, node.module] if node.module else package)
 
 
-def find_function(read: Reader, target: str, depth: int = 0) -> ast.FunctionDef | ast.AsyncFunctionDef | str:
+def find_function(read: Reader, target: str) -> ast.FunctionDef | ast.AsyncFunctionDef | str:
     """The definition of ``target`` ("module:name" or "module:Owner.name"), or why it is missing."""
+    node = find_definition(read, target)
+    if isinstance(node, str) or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return node
+    return f"{target} is not a function"
+
+
+def field_problem(read: Reader, target: str) -> str | None:
+    """Why the field ``target`` ("module:Class.field") cannot be declared on the class, or None:
+    the class must be a dataclass that does not declare the field itself."""
+    owner, _, name = target.rpartition(".")
+    cls = find_definition(read, owner)
+    if isinstance(cls, str):
+        return cls
+    if not isinstance(cls, ast.ClassDef) or not any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+        return f"{owner} is not a dataclass"
+    if any(isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == name for n in cls.body):
+        return f"{owner} declares {name} itself"
+    return None
+
+
+def find_definition(read: Reader, target: str, depth: int = 0) -> ast.AST | str:
+    """The function or class ``target`` names, or why it is missing."""
     module, _, qualname = target.partition(":")
     found = _module_source(read, module)
     if found is None:
@@ -107,7 +131,7 @@ def find_function(read: Reader, target: str, depth: int = 0) -> ast.FunctionDef 
             for alias in node.names:
                 if (alias.asname or alias.name) == first:
                     origin = _resolve_import(node, module, path)
-                    return find_function(read, f"{origin}:{'.'.join([alias.name, *rest])}", depth + 1)
+                    return find_definition(read, f"{origin}:{'.'.join([alias.name, *rest])}", depth + 1)
     return f"{module} defines no {first}"
 
 
@@ -119,8 +143,6 @@ def _member(node: ast.AST, rest: list[str], target: str):
                      and n.name == name), None)
         if node is None:
             return f"{target}: no {name} in its class"
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return f"{target} is not a function"
     return node
 
 
@@ -155,7 +177,7 @@ def call_problem(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: Call) -> str 
 
 def check(read: Reader) -> list[str]:
     """Every problem the patch table and :data:`CALLS` meet in the source ``read`` serves."""
-    from vllm_lookahead.engine.patches import ATTENTION_PATCHES, PATCHES
+    from vllm_lookahead.engine.patches import ATTENTION_PATCHES, FIELDS, PATCHES
 
     problems = []
     for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
@@ -165,6 +187,10 @@ def check(read: Reader) -> list[str]:
         elif parameters(fn) != patch.params:
             problems.append(f"patch {patch.target}: takes ({', '.join(parameters(fn))}), the patch was written for "
                             f"({', '.join(patch.params)})")
+    for added in FIELDS:
+        problem = field_problem(read, added.target)
+        if problem:
+            problems.append(f"field {added.target}: {problem}")
     for call in CALLS:
         fn = find_function(read, call.target)
         problem = fn if isinstance(fn, str) else call_problem(fn, call)

@@ -19,7 +19,8 @@ after vLLM's code (:func:`check_engine_config`)
     plugin's V1-runner patches would silently not run or not be right: Model
     Runner V2, pipeline parallelism, decode context parallelism, FULL CUDA graphs --
     and a lookahead config whose largest step cannot fit the engine's
-    ``max_num_batched_tokens`` or ``max_model_len`` (:func:`step_size_problems`).
+    ``max_num_batched_tokens`` or ``max_model_len`` (:func:`step_size_problems`); under data
+    parallelism it gets back the draft-length schedule vLLM drops (:func:`restore_draft_schedule`).
 
 Model Runner V2 (``vllm/v1/worker/gpu/``) is vLLM's default on GPU; vLLM 0.32 and
 0.33 (``VllmConfig.use_v2_model_runner``, identical in both) fall back to the V1
@@ -229,3 +230,32 @@ def check_engine_config(vllm_config: Any) -> None:
     note = scheduled_tokens_note(cfg, getattr(scheduler, "max_num_scheduled_tokens", None))
     if note is not None:
         logger.info("%s", note)
+    if restore_draft_schedule(vllm_config, cfg):
+        logger.info(
+            "vllm-lookahead: vLLM's warning \"Dynamic speculative decoding is not supported with data parallelism\" "
+            "does not apply to lookahead: its draft-length schedule gives every batch size the same %d draft "
+            "tokens, so no two data-parallel ranks can differ; kept, so that the scheduler does not pad a request "
+            "whose prompt is all in the prefix cache to %d placeholder rows",
+            cfg.max_draft_tokens, 1 + cfg.max_draft_tokens,
+        )
+
+
+def restore_draft_schedule(vllm_config: Any, cfg: LookaheadConfig) -> bool:
+    """Put back the draft-length schedule of :func:`translate` where vLLM dropped it; whether it did.
+
+    With ``data_parallel_size > 1`` vLLM drops every ``num_speculative_tokens_per_batch_size``
+    (``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``: the ranks of a MoE model step
+    together, and a schedule giving their different batch sizes different draft counts would part
+    them).  Lookahead's one range gives every batch size the same K, as static speculation does; all
+    that dropping it changes is the scheduler's padding of a new request whose prompt is all in the
+    prefix cache to 1 + K placeholder rows on its first step (84 rows with the defaults, run for
+    nothing).  Called on the finished config, before the engine cores are started with it.
+    """
+    spec = vllm_config.speculative_config
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if (getattr(parallel, "data_parallel_size", 1) or 1) <= 1:
+        return False
+    if getattr(spec, "num_speculative_tokens_per_batch_size", ()) is not None:
+        return False
+    spec.num_speculative_tokens_per_batch_size = [(1, MAX_BATCH, cfg.max_draft_tokens)]
+    return True

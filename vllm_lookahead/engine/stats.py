@@ -8,11 +8,11 @@ knows: how the draft tree was made up (candidates, whether the Jacobi window ran
 where the accepted tokens came from (:mod:`vllm_lookahead.core.source`: prompt,
 output or window n-grams) and how long proposing and verification took.
 
-:func:`live_stats` finds the counters of this process's runner; the benchmark,
+:func:`live_stats` finds the counters of this process's runner (:mod:`.step_context`); the benchmark,
 whose engine runs in-process, reads them around each run (:meth:`LookaheadStats.snapshot`).
 
 :class:`StepReport` is what one step tells the scheduler (the worker may live in another
-process: it rides on vLLM's ``ModelRunnerOutput``): per verified tree its depth, size,
+process: it rides on vLLM's ``ModelRunnerOutput``, in a field the patch table declares): per verified tree its depth, size,
 candidates, whether the window ran and the sources of its accepted path; per request left
 without a draft, why; propose/verify time and the pools' size.  The scheduler side
 (:mod:`.spec_metrics`) cuts accepted tokens to what the request really emitted and passes the
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vllm_lookahead.core.source import SOURCE_NAMES, count_by_source
+from vllm_lookahead.engine.step_context import STEP_CONTEXT
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -168,7 +169,4 @@ def rank_drafts(worker=None) -> dict[str, int]:
 
 def live_stats() -> LookaheadStats | None:
     """The counters of this process's lookahead runner (None before the first step, or without lookahead)."""
-    from vllm_lookahead.engine import runner
-
-    owner = runner._CURRENT
-    return owner.stats if owner is not None else None
+    return STEP_CONTEXT.stats()

@@ -14,7 +14,7 @@ draft tokens in tree node order.  This module turns the per-request
 
 Only torch and numpy here; :class:`~vllm_lookahead.engine.runner.RunnerLookahead`
 feeds it vLLM's arrays and owns the batch for the step (the attention wrapper and
-the grammar hook read it through ``runner.current_tree_batch()``).
+the grammar hook read it through :mod:`~vllm_lookahead.engine.step_context`).
 """
 
 from __future__ import annotations
