@@ -192,3 +192,24 @@ def test_where_drafting_was_measured_slower_the_batch_is_not_drafted():
     assert owner.requests == {} and owner.pending == {}
     assert owner.report.undrafted == {"a": "measured_slower", "b": "measured_slower"}
     assert gate.ratio(2) == pytest.approx(2 / 3)
+
+
+def test_under_tensor_parallelism_the_gate_is_not_consulted():
+    """Ranks must build the same trees: with the cost model shared across ranks (frozen), a gate
+    fed by one rank's timings would let ranks disagree, so it is left out."""
+    from vllm_lookahead.core.draft_gate import DraftGate
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3)
+    owner = p.owner
+    owner.cost = StepCost.linear(0.020, 0.0)
+    owner.cost_frozen = True
+    gate = DraftGate()
+    for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:
+        gate.observe(2, 2, seconds, drafting)
+    owner.gate = gate
+    prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
+    _bind(p, prompts)
+    drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
+    assert all(d[:2] == [8, 9] for d in drafts)
+    assert "measured_slower" not in owner.report.undrafted.values()

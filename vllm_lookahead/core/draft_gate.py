@@ -21,6 +21,8 @@ exploration: at a 1.4x gain, one phase in :data:`EXPLORE_EVERY`'s longest period
 drafts.
 
 Decisions are deterministic (no random draws): the same step timings give the same phases.
+They rest on one process's timings, so the engine does not use the gate under tensor parallelism,
+where every rank must build the same trees (its rule then runs on the ranks' shared cost model).
 Per-step work is O(1).  Like every speed decision of the plugin it changes which tokens are
 drafted, never which tokens are emitted.
 """

@@ -360,8 +360,9 @@ class RunnerLookahead:
     def _gate(self, now: float, decoding: int, sampled_token_ids: list[list[int]], can_draft: bool) -> bool:
         """Whether the measured gate (:mod:`~vllm_lookahead.core.draft_gate`) lets the next step
         draft, once it has seen the decode-only step that ends with this proposal (False only
-        when ``can_draft`` and the gate says no)."""
-        if self.gate is None:
+        when ``can_draft`` and the gate says no).  Not under tensor parallelism (``cost_frozen``):
+        every rank must build the same trees, so no decision may rest on one rank's timings."""
+        if self.gate is None or self.cost_frozen:
             return True
         if self._gate_clock is not None and self._decode_step:
             since, drafted = self._gate_clock
