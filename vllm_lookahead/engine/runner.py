@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import time
 from typing import Any
 
@@ -75,7 +76,9 @@ class RunnerLookahead:
         self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
         # whether drafting pays at all at a batch size, measured (core/draft_gate.py); the last
         # proposal's time and policy, and whether the step since then was decode-only
-        self.gate = DraftGate() if self.config.cost_rule else None
+        # (VLLM_LOOKAHEAD_DRAFT_GATE=0 leaves it out: drafting exactly as the rule plans, for A/B runs)
+        gate_on = os.environ.get("VLLM_LOOKAHEAD_DRAFT_GATE", "1") != "0"
+        self.gate = DraftGate() if self.config.cost_rule and gate_on else None
         self._gate_clock: tuple[float, bool] | None = None
         self._decode_step = False
         self.requests: dict[str, RequestLookahead] = {}
