@@ -5,7 +5,9 @@ plugin replaced the symbol first, one log line each, undo) is
 :mod:`vllm_lookahead.engine.patching`.  Each replacement keeps the original and
 calls it; lookahead work happens only when the engine runs lookahead
 (:meth:`RunnerLookahead.of <vllm_lookahead.engine.runner.RunnerLookahead.of>` is
-None otherwise), so an engine without lookahead behaves exactly as stock vLLM.
+None otherwise), so an engine without lookahead behaves exactly as stock vLLM -- save one
+fix every engine of the process gets: a seeded request whose prefill is chunked no longer kills a
+CPU engine (:mod:`.seeded_prefill`).
 The replacements are thin: the work is in :mod:`.startup` (engine config) and
 in the one owner of per-step state, :class:`~vllm_lookahead.engine.runner.RunnerLookahead`.
 

@@ -183,7 +183,7 @@ class RunnerLookahead:
         self.outcomes.clear()
         spec = scheduler_output.scheduled_spec_decode_tokens
         self._step_clock = None
-        self._decode_step = _decode_only(scheduler_output)
+        self._decode_step = self.config.cost_rule and _decode_only(scheduler_output)  # cost model, gate
         if self.config.cost_rule and self._decode_step:
             self._step_clock = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
         if not spec:
