@@ -66,7 +66,8 @@ def run_case(seed: int, trees: list, contexts: list[int], *, backend: str = "FLA
     query = qkv[:, : heads * head_size].view(row, heads, head_size)
     output = torch.full((row, heads, head_size + 8), 7.0, dtype=dtype)[..., :head_size]
     scale = 1 / math.sqrt(head_size)
-    plan = TreeAttentionPlan.build(spans, table, heads, kv_heads, head_size, causal=causal, **plan_options)
+    plan = TreeAttentionPlan.build(spans, table, heads, kv_heads, head_size, causal=causal,
+                                   **{"cache_dtype": dtype, **plan_options})
     tree_attention(plan, query, cache, output, CacheAddressing.of(cache, backend == "CPU_ATTN"), scale)
     expected = dense_reference(query, keys, values, spans, scale, causal=causal)
     error, computed = 0.0, torch.zeros(row, dtype=torch.bool)
@@ -161,6 +162,29 @@ def test_many_rows_span_several_query_tiles():
     assert error < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_default_tiles_of_128_rows(dtype):
+    """Past 64 rows per KV head (head size <= 128, 16-bit cache) a tile holds 128 rows and 128
+    keys, on 8 warps; float32 caches keep 64 x 64 tiles (shared memory)."""
+    rng = _rng("tiles128")
+    trees = [window_tree(rng, 7, 4, 7, 4), random_tree(rng, 3)]  # 57 nodes x 4 heads per KV head
+    error, tol, plan = run_case(11, trees, [40, 2], heads=8, kv_heads=2, dtype=dtype)
+    wide = dtype == torch.bfloat16
+    assert (plan.block_m, plan.block_n, plan.num_warps, plan.tiles_per_head) == ((128, 128, 8, 2) if wide else (64, 64, 4, 4))
+    assert error < tol
+
+
+@pytest.mark.parametrize("nodes", [100, 140])
+def test_large_trees_words_in_registers_or_gathered(nodes):
+    """Up to 128 nodes a row's ancestor words are read once into registers; past that (5 words
+    here) they are gathered per key tile: both against the reference."""
+    rng = _rng(f"words{nodes}")
+    error, tol, plan = run_case(12, [random_tree(rng, nodes), random_tree(rng, 5)], [30, 7], heads=2, kv_heads=1,
+                                num_splits=2, block_n=32, min_chunk=16)
+    assert plan.few_words == (nodes <= 128) and plan.bits.shape[-1] == -(-nodes // 32)
+    assert error < tol
+
+
 def test_ancestor_bits_past_one_word():
     rng = _rng("bits")
     tree = random_tree(rng, 70)
@@ -178,10 +202,12 @@ def test_ancestor_bits_past_one_word():
     group=st.sampled_from([1, 2, 4]),
     splits=st.integers(1, 4),
     block_size=st.sampled_from([8, 16]),
+    gather_words=st.booleans(),
 )
-def test_random_trees_property(seed, sizes, contexts, group, splits, block_size):
+def test_random_trees_property(seed, sizes, contexts, group, splits, block_size, gather_words):
     rng = np.random.default_rng(seed)
     trees = [random_tree(rng, n) for n in sizes]
     error, tol, _ = run_case(seed, trees, contexts[: len(trees)], heads=2 * group, kv_heads=2, head_size=16,
-                             block_size=block_size, num_splits=splits, block_n=16, min_chunk=8)
+                             block_size=block_size, num_splits=splits, block_n=16, min_chunk=8,
+                             gather_words=gather_words)
     assert error < tol

@@ -53,19 +53,21 @@ def compile_for(kernel, target: GPUTarget, pointers: dict[str, str], constants: 
 
 
 @pytest.mark.parametrize("arch", [90, 80])
-@pytest.mark.parametrize("dtype,head_size,split,causal", [
-    ("bf16", 128, True, False), ("fp16", 64, False, False), ("bf16", 256, True, True), ("fp32", 128, True, False),
+@pytest.mark.parametrize("dtype,head_size,split,causal,block_m,few_words", [
+    ("bf16", 128, True, False, 64, True), ("fp16", 64, False, False, 64, False), ("bf16", 256, True, True, 64, True),
+    ("fp32", 128, True, False, 64, True), ("bf16", 128, True, False, 128, True), ("bf16", 128, False, False, 128, False),
+    ("fp16", 128, False, False, 128, True),
 ])
-def test_tree_attention_compiles(compiled_modules, arch, dtype, head_size, split, causal):
+def test_tree_attention_compiles(compiled_modules, arch, dtype, head_size, split, causal, block_m, few_words):
     module = compiled_modules["tree_attention"]
     ptr = SIGNATURE_TYPES[dtype]
     pointers = {"Q": ptr, "CACHE": ptr, "OUT": ptr, "BLOCK_TABLE": "*i32", "META": "*i32", "BITS": "*i32",
                 "PART_OUT": "*fp32", "PART_STATS": "*fp32", "COUNTERS": "*i32"}
-    block_n = 32 if head_size > 128 else 64
-    constants = dict(GROUP=4, HEAD_DIM=head_size, BLOCK_D=head_size, BLOCK_M=64, BLOCK_N=block_n, SPLIT=split,
-                     CAUSAL=causal, DOT_IEEE=dtype == "fp32")
+    block_n = 32 if head_size > 128 else 128 if block_m == 128 and few_words else 64
+    constants = dict(GROUP=4, HEAD_DIM=head_size, BLOCK_D=head_size, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
+                     CAUSAL=causal, DOT_IEEE=dtype == "fp32", FEW_WORDS=few_words)
     compiled = compile_for(module._tree_attention_kernel, GPUTarget("cuda", arch, 32), pointers, constants,
-                           num_warps=4 if head_size <= 128 else 8)
+                           num_warps=4 if head_size <= 128 and block_m <= 64 else 8)
     assert compiled.asm["cubin"] and ".target sm_%d" % arch in compiled.asm["ptx"]
     assert compiled.metadata.shared <= 160 * 1024  # fits an A100's / H100's shared memory per block
 

@@ -190,7 +190,7 @@ def run_attention_case(case: AttentionCase, device: torch.device, seed: int) -> 
     scale = 1 / math.sqrt(case.head_size)
     causal = case.rows == "causal"
     plan = TreeAttentionPlan.build(rows, paged.block_table, case.heads, case.kv_heads, case.head_size,
-                                   causal=causal, num_splits=case.num_splits)
+                                   causal=causal, num_splits=case.num_splits, cache_dtype=case.dtype)
     out = torch.full_like(query, SENTINEL, memory_format=torch.contiguous_format)
     tree_attention(plan, query, paged.caches[0], out, CacheAddressing.of(paged.caches[0]), scale)
     keys, values = [keys[r] for r in picked], [values[r] for r in picked]

@@ -141,11 +141,12 @@ class RandomDecoder:
         anc = tree.ancestor_mask()
         every = [TreeRows(b, b * tokens, 0, tokens, ctx, anc) for b in range(batch)]
         s, table = self.shape, self.paged.block_table
+        dt = self.paged.buffer.dtype
         plans = [TreeAttentionPlan.build(every, table, s.heads, s.kv_heads, s.head_size,
-                                         causal=mode != "tree_one_pass")]
+                                         causal=mode != "tree_one_pass", cache_dtype=dt)]
         if mode == "tree" and first < tokens:
             cut = [TreeRows(b, b * tokens + first, first, tokens, ctx, anc) for b in range(batch)]
-            plans.append(TreeAttentionPlan.build(cut, table, s.heads, s.kv_heads, s.head_size))
+            plans.append(TreeAttentionPlan.build(cut, table, s.heads, s.kv_heads, s.head_size, cache_dtype=dt))
         slots = torch.cat([self.paged.slots(b, ctx + torch.arange(tokens, device=dev)) for b in range(batch)])
         depths = torch.from_numpy(tree.depths.astype("int64")).to(dev)
         gen = torch.Generator(dev).manual_seed(tokens)

@@ -12,7 +12,9 @@ recomputes with the tree mask (from each tree's first branch on), by:
 2. ``torch``   -- the engine's torch pass (``fix_draft_rows`` with ``VLLM_LOOKAHEAD_TREE_KERNEL=torch``,
    its per-step index plan likewise built by the first call);
 3. ``causal``  -- the same kernel with ``causal=True`` over the same rows and keys: plain causal
-   attention, so ``kernel / causal`` is what the tree mask itself costs;
+   attention, so ``kernel / causal`` is what the tree mask itself costs; ``m64+gathered`` -- the
+   kernel with query tiles of at most 64 rows and the ancestor words gathered per key tile (the
+   two choices :meth:`TreeAttentionPlan.build` makes otherwise), side by side;
 4. ``sdpa``    -- ``torch.nn.functional.scaled_dot_product_attention`` of the same rows over a
    contiguous copy of the same keys, no mask (the copy is not timed): an outside baseline.
 
@@ -110,11 +112,14 @@ class LayerStep:
     def scale(self) -> float:
         return 1 / math.sqrt(self.case.head_size)
 
-    def kernel_call(self, causal: bool) -> tuple[Callable[[], None], float]:
-        """One layer's launch of the kernel (plan built outside it), and the plan's host build seconds."""
+    def kernel_call(self, causal: bool, **options: Any) -> tuple[Callable[[], None], float]:
+        """One layer's launch of the kernel (plan built outside it, with ``options`` of
+        :meth:`TreeAttentionPlan.build`), and the plan's host build seconds."""
         c, cache = self.case, self.paged.caches[0]
         plan, build_s = time_host(lambda: TreeAttentionPlan.build(
-            self.rows, self.paged.block_table, c.heads, c.kv_heads, c.head_size, causal=causal), cache.device)
+            self.rows, self.paged.block_table, c.heads, c.kv_heads, c.head_size, causal=causal,
+            **{"cache_dtype": cache.dtype, **options}),
+            cache.device)
         addressing = CacheAddressing.of(cache)
         return (lambda: tree_attention(plan, self.query, cache, self.output, addressing, self.scale)), build_s
 
@@ -162,6 +167,13 @@ def free_bytes(device: torch.device) -> float:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else float("inf")
 
 
+def plan_block_m(step: LayerStep) -> int:
+    """The query tile the default plan of ``step`` uses."""
+    c = step.case
+    return TreeAttentionPlan.build(step.rows, step.paged.block_table, c.heads, c.kv_heads, c.head_size,
+                                   cache_dtype=step.paged.buffer.dtype).block_m
+
+
 def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any],
                  timing: dict[str, int]) -> dict[str, Any]:
     """Seconds per layer of the four ways (see the module docstring) for one case; ``launches``:
@@ -172,6 +184,8 @@ def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any]
            "computed_rows": sum(tr.num_nodes - tr.first_node for tr in step.rows), "plan_build_s": plan_s,
            "kernel_s": time_per_call(kernel, device, **timing), "causal_s": time_per_call(causal, device, **timing),
            "notes": []}
+    narrow, _ = step.kernel_call(causal=False, block_m=min(64, plan_block_m(step)), gather_words=True)
+    row["kernel_m64_gathered_s"] = time_per_call(narrow, device, **timing)
     if not launches:
         launches.update(case=asdict(step.case), kernel=count_launches(kernel, device))
     if step.sdpa_bytes() <= MEMORY_SHARE * free_bytes(device):
@@ -190,6 +204,7 @@ def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any]
             if name not in launches:
                 launches[name] = count_launches(call, device)
     row["kernel_over_causal"] = row["kernel_s"] / row["causal_s"]
+    row["m64_gathered_over_kernel"] = row["kernel_m64_gathered_s"] / row["kernel_s"]
     for name in ("engine", "torch", "sdpa"):
         if f"{name}_s" in row:
             row[f"{name}_over_kernel"] = row[f"{name}_s"] / row["kernel_s"]
@@ -281,6 +296,7 @@ def markdown(data: dict[str, Any]) -> list[str]:
         ("engine (kernel) us", us("engine_s")), ("causal us", us("causal_s")), ("SDPA us", us("sdpa_s")),
         ("torch pass us", us("torch_s")),
         ("kernel/causal", lambda r: cell(r, "kernel_over_causal")),
+        ("m64+gathered/kernel", lambda r: cell(r, "m64_gathered_over_kernel")),
         ("torch/kernel", lambda r: cell(r, "torch_over_kernel")),
         ("SDPA/kernel", lambda r: cell(r, "sdpa_over_kernel")), ("plan build us", us("plan_build_s")),
         ("notes", lambda r: "; ".join(r.get("notes", []))),

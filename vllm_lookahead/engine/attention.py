@@ -186,13 +186,13 @@ def _kernel_rows(impl: Any, query: torch.Tensor, kv_cache: torch.Tensor, output:
     kv, rows = batch.kv, batch.draft_rows
     heads, d = impl.num_heads, impl.head_size
     addressing = kv.addressing(kv_cache)
-    geometry = ("triton", heads, addressing)
+    geometry = ("triton", heads, addressing, kv_cache.dtype)
     plan = rows.plans.get(geometry)
     if plan is None:
         spans = [kernel.TreeRows(tr.batch_index, tr.token_start + tr.first_branch_node, tr.first_branch_node,
                                  tr.num_nodes, tr.context_len, tr.tree.ancestor_mask()) for tr in rows.requests]
         plan = rows.plans[geometry] = kernel.TreeAttentionPlan.build(
-            spans, batch.block_table, heads, addressing.num_kv_heads, d)
+            spans, batch.block_table, heads, addressing.num_kv_heads, d, cache_dtype=kv_cache.dtype)
     kernel.tree_attention(plan, by_heads(query, heads, d), kv_cache, by_heads(output, heads, d), addressing,
                           impl.scale)
 

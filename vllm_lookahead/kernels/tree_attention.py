@@ -144,6 +144,10 @@ class TreeAttentionPlan:
     num_splits: int
     chunk: int                # keys per split (a multiple of block_n)
     causal: bool              # plain causal mask over the tree's node order (the baseline of the GPU check)
+    few_words: bool           # trees of <= 128 nodes: each row's ancestor words read once into registers,
+    #                           else gathered per key tile
+    num_warps: int            # 4 for tiles of up to 64 rows x 128 dimensions, 8 for larger ones (registers)
+    num_stages: int           # software pipelining depth of the key loop (Triton's default, 3)
     counters: torch.Tensor | None  # int32 [tiles]: splits finished per tile (0 between launches)
     part_out: torch.Tensor | None  # float32 [tiles, splits, block_m, block_d]
     part_stats: torch.Tensor | None  # float32 [tiles, splits, 2, block_m]: running max (log2 units), sum
@@ -159,9 +163,18 @@ class TreeAttentionPlan:
     @classmethod
     def build(cls, rows: list[TreeRows], block_table: torch.Tensor, num_heads: int, num_kv_heads: int,
               head_size: int, *, causal: bool = False, num_splits: int | None = None, block_m: int | None = None,
-              block_n: int | None = None, min_chunk: int = 256) -> "TreeAttentionPlan":
+              block_n: int | None = None, min_chunk: int = 256, gather_words: bool = False,
+              num_warps: int | None = None, num_stages: int = 3,
+              cache_dtype: torch.dtype | None = None) -> "TreeAttentionPlan":
         """``num_splits`` None: enough splits to give every SM about two programs (one split on a
-        CPU), never chunks under ``min_chunk`` keys."""
+        CPU), never chunks under ``min_chunk`` keys.  ``block_m`` None: the smallest of 16 / 32 /
+        64 / 128 rows that holds a request's rows per KV head (128 only up to head size 128 and
+        over a 16-bit ``cache_dtype``), so a key tile is read by as few query tiles as registers
+        and shared memory allow; ``block_n`` None: 64
+        keys per tile, 128 with 128-row tiles of a tree up to 128 nodes (the gathered ancestor
+        words of larger trees would take the shared memory past an A100's), 32 past head size 128
+        (bench/gpu_tile_sweep.py measured these on an H100).  ``gather_words``: read
+        the ancestor words per key tile even for small trees (the GPU check's comparison)."""
         if not rows:
             raise ValueError("a tree-attention plan needs at least one request")
         if num_heads % num_kv_heads:
@@ -173,8 +186,11 @@ class TreeAttentionPlan:
         if min(tr.num_nodes - tr.first_node for tr in rows) < 1:
             raise ValueError("every request of a plan must have a row to compute")
         rows_m = Q * group
-        bm = block_m or (16 if rows_m <= 16 else 32 if rows_m <= 32 else 64)
-        bn = block_n or (32 if head_size > 128 else 64)
+        sixteen_bit = cache_dtype is not None and cache_dtype.itemsize <= 2
+        bm = block_m or (16 if rows_m <= 16 else 32 if rows_m <= 32 else
+                         128 if rows_m > 64 and head_size <= 128 and sixteen_bit else 64)
+        few_words = not gather_words and max(tr.num_nodes for tr in rows) <= 128
+        bn = block_n or (32 if head_size > 128 else 128 if bm == 128 and few_words and sixteen_bit else 64)
         tiles_per_head = -(-rows_m // bm)
         tiles = R * num_kv_heads * tiles_per_head
         longest = max(tr.context_len + tr.num_nodes for tr in rows)
@@ -193,7 +209,9 @@ class TreeAttentionPlan:
             part_out = torch.empty((tiles, num_splits, bm, bd), dtype=torch.float32, device=dev)
             part_stats = torch.empty((tiles, num_splits, 2, bm), dtype=torch.float32, device=dev)
         return cls(torch.from_numpy(meta).to(dev), torch.from_numpy(bits).to(dev), block_table, R, Q, num_kv_heads,
-                   group, head_size, bm, bn, tiles_per_head, num_splits, chunk, causal, counters, part_out, part_stats)
+                   group, head_size, bm, bn, tiles_per_head, num_splits, chunk, causal,
+                   few_words,
+                   num_warps or (4 if head_size <= 128 and bm <= 64 else 8), num_stages, counters, part_out, part_stats)
 
 
 def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
@@ -218,7 +236,7 @@ def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch
         plan.max_queries, plan.bits.shape[-1], plan.num_splits,
         GROUP=plan.group, HEAD_DIM=plan.head_size, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SPLIT=split, CAUSAL=plan.causal, DOT_IEEE=_float32_dots(kv_cache.dtype),
-        num_warps=4 if plan.block_d <= 128 else 8,
+        FEW_WORDS=plan.few_words, num_warps=plan.num_warps, num_stages=plan.num_stages,
     )
 
 
@@ -232,9 +250,9 @@ def _float32_dots(dtype: torch.dtype) -> bool:
 
 @triton.jit
 def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE, BITS, scale_log2,
-            c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page, max_q, words,
+            c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page, max_q, words, w0, w1, w2, w3,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
-            CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr):
+            CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr, FEW_WORDS: tl.constexpr):
     """One key tile: positions ``start .. start + BLOCK_N`` (those below ``k_hi``) into the
     running (max, sum, accumulator) of the tile's query rows."""
     pos = start + tl.arange(0, BLOCK_N)
@@ -257,8 +275,13 @@ def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, 
             visible = node[None, :] <= (first + qi)[:, None]
         else:
             node_c = tl.maximum(node, 0)
-            word = tl.load(BITS + ((r * max_q + qi) * words)[:, None] + (node_c // 32)[None, :],
-                           mask=row_ok[:, None] & pos_ok[None, :], other=0)
+            if FEW_WORDS:  # the row's words are in registers: pick one per key
+                wi = (node_c // 32)[None, :]
+                word = tl.where(wi == 0, w0[:, None], tl.where(wi == 1, w1[:, None],
+                                                               tl.where(wi == 2, w2[:, None], w3[:, None])))
+            else:
+                word = tl.load(BITS + ((r * max_q + qi) * words)[:, None] + (node_c // 32)[None, :],
+                               mask=row_ok[:, None] & pos_ok[None, :], other=0)
             visible = ((word >> (node_c % 32)[None, :]) & 1) != 0
         visible = visible & pos_ok[None, :]
     else:
@@ -288,6 +311,7 @@ def _tree_attention_kernel(
     bt_stride, page, num_kv_heads, tiles_per_head, chunk, max_q, words, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr,
+    FEW_WORDS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -318,14 +342,26 @@ def _tree_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     ctx_hi = tl.minimum(k_hi, ctx)
+    w0 = tl.zeros((BLOCK_M,), tl.int32)
+    w1 = w0
+    w2 = w0
+    w3 = w0
+    if FEW_WORDS:  # the rows' ancestor words, read once
+        w_row = BITS + (r * max_q + qi) * words
+        w0 = tl.load(w_row, mask=row_ok, other=0)
+        w1 = tl.load(w_row + 1, mask=row_ok & (words > 1), other=0)
+        w2 = tl.load(w_row + 2, mask=row_ok & (words > 2), other=0)
+        w3 = tl.load(w_row + 3, mask=row_ok & (words > 3), other=0)
     for start in range(k_lo, ctx_hi, BLOCK_N):  # context keys: visible to every row
         acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, ctx_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
                                 BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page,
-                                max_q, words, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, DOT_IEEE)
+                                max_q, words, w0, w1, w2, w3, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, DOT_IEEE,
+                                FEW_WORDS)
     for start in range(tl.maximum(k_lo, ctx), k_hi, BLOCK_N):  # the step's nodes: the tree mask
         acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
                                 BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page,
-                                max_q, words, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, DOT_IEEE)
+                                max_q, words, w0, w1, w2, w3, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, DOT_IEEE,
+                                FEW_WORDS)
     out_ptr = OUT + (row * o_tok + head * o_head)[:, None] + d[None, :]
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
