@@ -95,6 +95,14 @@ class LookaheadConfig(BaseModel):
         "equally per request, full trees when they fit; 0 = full trees, no cap",
     )
 
+    measure_drafting: bool = Field(
+        True,
+        description="with max_tokens_per_step 'auto': time decode steps with and without drafts per "
+        "batch size and draft only where drafting has emitted at least the tokens per second of "
+        "not drafting (core/draft_gate.py); false: draft as the rule plans (output is the same "
+        "either way)",
+    )
+
     @model_validator(mode="after")
     def _drafts_something(self) -> "LookaheadConfig":
         if self.window_size == 0 and self.guess_set_size == 0:

@@ -213,3 +213,14 @@ def test_under_tensor_parallelism_the_gate_is_not_consulted():
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
     assert all(d[:2] == [8, 9] for d in drafts)
     assert "measured_slower" not in owner.report.undrafted.values()
+
+
+def test_measure_drafting_false_leaves_the_gate_out(monkeypatch):
+    """``"measure_drafting": false`` (and ``VLLM_LOOKAHEAD_DRAFT_GATE=0``) keep the gate out; it
+    is there by default under ``"auto"`` and never under a fixed cap."""
+    monkeypatch.delenv("VLLM_LOOKAHEAD_DRAFT_GATE", raising=False)
+    assert _proposer("cpu").owner.gate is not None
+    assert _proposer("cpu", measure_drafting=False).owner.gate is None
+    assert _proposer("cpu", max_tokens_per_step=24).owner.gate is None
+    monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
+    assert _proposer("cpu").owner.gate is None

@@ -76,8 +76,9 @@ class RunnerLookahead:
         self._step_clock: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
         # whether drafting pays at all at a batch size, measured (core/draft_gate.py); the last
         # proposal's time and policy, and whether the step since then was decode-only
-        # (VLLM_LOOKAHEAD_DRAFT_GATE=0 leaves it out: drafting exactly as the rule plans, for A/B runs)
-        gate_on = os.environ.get("VLLM_LOOKAHEAD_DRAFT_GATE", "1") != "0"
+        # ("measure_drafting": false or VLLM_LOOKAHEAD_DRAFT_GATE=0 leave it out: drafting exactly as
+        # the rule plans)
+        gate_on = self.config.measure_drafting and os.environ.get("VLLM_LOOKAHEAD_DRAFT_GATE", "1") != "0"
         self.gate = DraftGate() if self.config.cost_rule and gate_on else None
         self._gate_clock: tuple[float, bool] | None = None
         self._decode_step = False
