@@ -38,7 +38,7 @@ def tp_model() -> str:
 def test_tensor_parallel_2_is_exact_and_ranks_draft_alike(tp_model, monkeypatch):
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.engine.stats import rank_drafts
+    from vllm_lookahead.engine.step_context import rank_drafts
 
     tokenizer = AutoTokenizer.from_pretrained(tp_model)
     prompts = [tokenizer.encode(q["turns"][0])[: 12 + 8 * i] for i, q in enumerate(specbench_questions(limit=8))]

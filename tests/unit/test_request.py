@@ -27,6 +27,8 @@ from vllm_lookahead.core import (
 )
 from vllm_lookahead.core.draft_rule import LeadEvidence
 from vllm_lookahead.core.pool import SharedPools
+from vllm_lookahead.core.step_cost import StepCost
+from vllm_lookahead.testing.drafting import draft_one
 
 Oracle = Callable[[Sequence[int]], int]
 CONTEXT = 8  # oracles below look at most this many tokens back
@@ -93,7 +95,11 @@ def simulate(
     seed: int = 0,
     choose_run: Callable[[StepDraft], int] | None = None,
     budget: Callable[[int], int | None] | None = None,
+    cost: StepCost | None = None,
 ) -> tuple[list[int], RequestLookahead, Counters]:
+    """Decode ``max_new`` tokens of ``oracle`` with lookahead, each step drafted as the engine
+    drafts it (:func:`~vllm_lookahead.core.drafting.draft_step`): with ``cost`` planned by the
+    draft rule (the default ``"auto"``), else full trees within ``budget(step)``."""
     lookahead = RequestLookahead(params, prompt, seed)
     counters = Counters()
     history = list(prompt) + [oracle(prompt)]  # prefill samples the first token
@@ -101,7 +107,7 @@ def simulate(
     while len(history) - len(prompt) < max_new:
         limit = budget(step) if budget else None
         step += 1
-        draft = lookahead.propose(history[-1], history[-params.lookup_context :], budget=limit)
+        draft = draft_one(lookahead, history[-1], history[-params.lookup_context :], budget=limit, cost=cost)
         draft.tree.validate()
         check_sources(draft, params)
         counters.sources.update(Source(int(x)) for x in draft.sources[1:])
@@ -175,6 +181,20 @@ def test_lookahead_beats_one_token_per_step_on_a_random_model():
     assert run.tokens_per_step > 2.0
 
 
+@pytest.mark.parametrize("cost,fast", [
+    (StepCost.linear(0.02, 0.0), True), (StepCost.linear(0.02, 0.0005), True),
+    (StepCost((1, 256), (0.010, 5.0)), False),  # a token costs twice the one-token step
+], ids=["free", "cheap", "dear"])
+def test_the_draft_rule_drafts_what_pays(cost, fast):
+    """The default (``"auto"``): under free or cheap tokens the rule drafts the cycle the prompt
+    shows; when no token can pay, nothing is drafted."""
+    oracle = periodic_oracle(PERIOD)
+    prompt = PERIOD * 2
+    output, _, run = simulate(LookaheadConfig(), prompt, oracle, 120, cost=cost)
+    assert output == greedy_reference(oracle, prompt, 120)
+    assert run.tokens_per_step > 3.0 if fast else run.drafted == 0
+
+
 def test_running_only_the_root_degrades_to_plain_decoding():
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
@@ -212,11 +232,14 @@ def test_truncation_to_the_verification_branch_still_accepts():
     oracle_seed=st.integers(0, 1000),
     prompt=st.lists(st.integers(0, 4), min_size=2, max_size=12),
     lead=st.integers(0, 12),
+    per_token=st.sampled_from([None, 0.0, 0.0005, 0.02, 5.0]),
     data=st.data(),
 )
 def test_lossless_for_any_parameters_and_truncation(
-    width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, lead, data
+    width, ngram, guess, shift, merge, from_prompt, from_output, vocab, oracle_seed, prompt, lead, per_token, data
 ):
+    """Whatever is drafted (full trees, or the draft rule's plan under a cost model: tokens free to
+    as dear as the step itself) and whatever prefix of it runs, the output is greedy decoding's."""
     params = LookaheadConfig(
         window_size=width,
         ngram_size=ngram,
@@ -234,7 +257,8 @@ def test_lossless_for_any_parameters_and_truncation(
     def random_prefix(draft: StepDraft) -> int:
         return data.draw(st.integers(1, draft.tree.size))
 
-    output, lookahead, run = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix)
+    cost = None if per_token is None else StepCost.linear(0.02, per_token)
+    output, lookahead, run = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix, cost=cost)
     assert output == greedy_reference(oracle, prompt, 25)
     assert lookahead.pool.num_keys <= 3
     assert lookahead.window is None or lookahead.window.filled <= ngram - 1
@@ -249,7 +273,7 @@ def test_propose_puts_candidates_first_then_the_window():
     lookahead.pool.add((5, 1, 2))
     lookahead.pool.add((5, 1, 3))
     lookahead.pool.add((6, 7, 7))
-    draft = lookahead.propose(5)
+    draft = draft_one(lookahead, 5)
     tree = draft.tree
     tree.validate()
     assert draft.num_candidates == 2
@@ -269,14 +293,14 @@ def test_propose_puts_candidates_first_then_the_window():
     )
     merged.pool.add((5, 1, 2))
     merged.pool.add((5, 1, 3))
-    tree = merged.propose(5).tree
+    tree = draft_one(merged, 5).tree
     assert tree.tokens[:4].tolist() == [5, 1, 3, 2]
     assert tree.parents[:4].tolist() == [-1, 0, 1, 1]
 
 
 def test_request_without_candidates_still_gets_the_window():
     lookahead = RequestLookahead(LookaheadConfig(window_size=4, ngram_size=3), [1, 2], seed=0)
-    draft = lookahead.propose(77)
+    draft = draft_one(lookahead, 77)
     assert draft.num_candidates == 0
     assert draft.tree.size == 4
     assert draft.window_nodes.tolist() == [0, 1, 2, 3]
@@ -294,18 +318,18 @@ def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
         lookahead.window.update(np.array([1, 2, 3]), 0, [])
     lookahead.pool.add((0, 1, 2, 3))
     lookahead.pool.add((0, 4, 5, 6))
-    draft = lookahead.propose(0)
+    draft = draft_one(lookahead, 0)
     assert draft.tree.size - 1 == params.max_draft_tokens
 
 
 def test_observe_learns_output_ngrams_incrementally():
     params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [1, 2], seed=0)
-    draft = lookahead.propose(2)
+    draft = draft_one(lookahead, 2)
     argmax = np.array([8])
     lookahead.observe(draft, 1, argmax, [8], [1, 2, 8])
     assert lookahead.pool.get(1, 5) == [(2, 8)]
-    draft = lookahead.propose(8)
+    draft = draft_one(lookahead, 8)
     lookahead.observe(draft, draft.tree.size, np.array([9] * draft.tree.size), [9], [1, 2, 8, 9])
     assert (8, 9) in lookahead.pool.get(2, 5)
 
@@ -315,7 +339,7 @@ def test_observe_learns_output_ngrams_incrementally():
         [1, 2],
         seed=0,
     )
-    silent.observe(silent.propose(2), 1, np.array([8]), [8], [1, 2, 8])
+    silent.observe(draft_one(silent, 2), 1, np.array([8]), [8], [1, 2, 8])
     assert silent.pool.get(1, 5) == []
 
 
@@ -323,7 +347,7 @@ def test_observe_shifts_the_window_by_the_accepted_draft_count():
     params = LookaheadConfig(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
     lookahead = RequestLookahead(params, [1, 2], seed=0)
     lookahead.window.levels = [np.array([0, 1, 2, 3]), np.array([10, 11, 12, 13])]
-    draft = lookahead.propose(50)
+    draft = draft_one(lookahead, 50)
     argmax = np.arange(draft.tree.size, dtype=np.int64) + 100
     outputs = argmax[draft.window_nodes]
     history = [1, 2, 50, 61, 62, 63]
@@ -358,7 +382,7 @@ class TailOnlyHistory(Sequence[int]):
 def test_observe_only_reads_the_tail_of_the_history():
     params = LookaheadConfig(window_size=2, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, list(range(50)), seed=0)
-    draft = lookahead.propose(7)
+    draft = draft_one(lookahead, 7)
     history = TailOnlyHistory(list(range(1000)) + [7, 8, 9])
     argmax = np.zeros(draft.tree.size, dtype=np.int64)
     lookahead.observe(draft, draft.tree.size, argmax, [8, 9], history)
@@ -379,7 +403,7 @@ def test_reset_keeps_the_pool_and_rewinds_the_window():
 
 def test_observe_validates_its_inputs():
     lookahead = RequestLookahead(LookaheadConfig(window_size=2, ngram_size=3), [1, 2], seed=0)
-    draft = lookahead.propose(2)
+    draft = draft_one(lookahead, 2)
     with pytest.raises(ValueError):
         lookahead.observe(draft, 0, np.zeros(0), [1], [1, 2, 1])
     with pytest.raises(ValueError):
@@ -416,11 +440,11 @@ def test_window_left_out_when_it_does_not_fit_and_waits():
     params = LookaheadConfig(window_size=4, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6], seed=0)
     before = [level.copy() for level in lookahead.window.levels]
-    draft = lookahead.propose(6, [6], budget=lookahead.window_tokens - 1)
+    draft = draft_one(lookahead, 6, [6], budget=lookahead.window_tokens - 1)
     assert draft.window_nodes.size == 0
     lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, 7, dtype=np.int64), [7], [1, 2, 3, 4, 5, 6, 7])
     assert [level.tolist() for level in lookahead.window.levels] == [level.tolist() for level in before]
-    roomy = lookahead.propose(7, [7], budget=lookahead.window_tokens)
+    roomy = draft_one(lookahead, 7, [7], budget=lookahead.window_tokens)
     assert roomy.window_nodes.size == params.window_size
 
 
@@ -429,10 +453,10 @@ def test_candidates_fill_the_budget_in_order_before_the_window():
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.pool.add(ngram)
-    draft = lookahead.propose(5, [5], budget=5)  # two candidates of 2 tokens; the window needs 2
+    draft = draft_one(lookahead, 5, [5], budget=5)  # two candidates of 2 tokens; the window needs 2
     assert draft.num_candidates == 2 and draft.window_nodes.size == 0
     assert draft.tree.tokens[1:].tolist() == [6, 7, 3, 4]  # most recent first
-    full = lookahead.propose(5, [5], budget=None)
+    full = draft_one(lookahead, 5, [5], budget=None)
     assert full.num_candidates == 3 and full.window_nodes.size == 3
 
 
@@ -452,7 +476,7 @@ def test_context_pools_learn_output_incrementally():
     lookahead = RequestLookahead(params, [], seed=0)
     text = [4, 5, 6, 7, 4, 5, 6, 8]
     for end in range(1, len(text) + 1):
-        lookahead.learn([text[end - 1]], text[:end])
+        lookahead.catch_up(text[:end])
     assert lookahead.candidates([4, 5, 6]) == [(7, 4)]
     assert lookahead.candidates([5, 6, 7, 4]) == [(5, 6)]
     assert lookahead.candidates([6, 7, 4, 5]) == [(6, 8), (6, 7)]
@@ -462,7 +486,7 @@ def test_recent_shorter_than_the_lookup_context_is_used_whole():
     params = LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
     lookahead = RequestLookahead(params, [8, 5, 1, 1, 0, 9, 5, 2, 2], seed=0)
     # two tokens of context (the request has just started): "8 5" must still rank first
-    draft = lookahead.propose(5, [8, 5], budget=2)
+    draft = draft_one(lookahead, 5, [8, 5], budget=2)
     assert draft.tree.tokens[1:].tolist() == [1, 1]
 
 
@@ -483,17 +507,17 @@ class _CountingHistory:
 
 @pytest.mark.parametrize("length", [50, 200_000])
 def test_per_step_work_does_not_grow_with_history_or_pool(length):
-    """observe/learn read only the tail of the history; propose reads only the last tokens."""
+    """observe/catch_up read only the tail of the history; drafting reads only the last tokens."""
     params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 500, size=length).tolist()
     lookahead = RequestLookahead(params, prompt, seed=0)  # a pool holding up to `length` n-grams
     history = _CountingHistory(prompt + [7])
-    lookahead.learn([7], history)
+    lookahead.catch_up(history)
     span = params.lookup_context + params.ngram_size - 1
     assert history.reads <= 1 + span
     recent = _CountingHistory(history.tokens)
-    draft = lookahead.propose(7, recent[len(recent) - params.lookup_context :], budget=20)
+    draft = draft_one(lookahead, 7, recent[len(recent) - params.lookup_context :], budget=20)
     assert recent.reads == params.lookup_context
     accepted = [int(draft.tree.tokens[1]) if draft.tree.size > 1 else 3, 9]
     history = _CountingHistory(history.tokens + accepted)
@@ -522,7 +546,7 @@ def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts,
     history = list(prompt)
     for token in text:
         history.append(token)
-        every.learn([token], history)
+        every.catch_up(history)
     for end in sorted(set(c for c in cuts if c <= len(text))) + [len(text)]:
         bursts.catch_up(history[: len(prompt) + end])
     assert bursts.known == every.known == len(history)
@@ -556,7 +580,7 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
     history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     lengths = []
     for _ in range(3):
-        draft = lookahead.propose(history[-1], history[-2:], window=False)
+        draft = draft_one(lookahead, history[-1], history[-2:], window=False)
         lengths.append(draft.lead_tokens)
         lead = draft.tree.tokens[1 : 1 + draft.lead_tokens].tolist()
         accepted = lead + [(lead[-1] + 1) % 10]  # the text keeps cycling 1..9 0: all accepted
@@ -564,7 +588,7 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
         lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, -1), accepted, history)
     assert lengths == [2, 4, 6]
     # A miss: back to N - 1.
-    draft = lookahead.propose(history[-1], history[-2:], window=False)
+    draft = draft_one(lookahead, history[-1], history[-2:], window=False)
     history += [42]
     lookahead.observe(draft, draft.tree.size, np.full(draft.tree.size, -1), [42], history)
     assert lookahead.lead_length.current == 2
@@ -575,11 +599,11 @@ def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2, 3), (5, 4, 4, 4)):
         lookahead.pool.add(ngram)
-    draft = lookahead.propose(5, [5], budget=2)
+    draft = draft_one(lookahead, 5, [5], budget=2)
     assert draft.tree.tokens[1:].tolist() == [4, 4] and draft.lead_tokens == 2 and draft.num_candidates == 1
-    draft = lookahead.propose(5, [5], budget=5)  # the second candidate (3 tokens) does not fit whole
+    draft = draft_one(lookahead, 5, [5], budget=5)  # the second candidate (3 tokens) does not fit whole
     assert draft.tree.tokens[1:].tolist() == [4, 4, 4] and draft.num_candidates == 1
-    draft = lookahead.propose(5, [5], budget=6)
+    draft = draft_one(lookahead, 5, [5], budget=6)
     assert draft.tree.tokens[1:].tolist() == [4, 4, 4, 1, 2, 3] and draft.num_candidates == 2
 
 
@@ -588,10 +612,10 @@ def test_max_candidates_one_without_window_is_a_chain():
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.pool.add(ngram)
-    draft = lookahead.propose(5, [5], window=False, max_candidates=1)
+    draft = draft_one(lookahead, 5, [5], window=False, max_candidates=1)
     assert draft.tree.tokens.tolist() == [5, 6, 7] and draft.num_candidates == 1
     assert draft.window_nodes.size == 0
-    assert lookahead.propose(5, [5], window=False, max_candidates=2).num_candidates == 2
+    assert draft_one(lookahead, 5, [5], window=False, max_candidates=2).num_candidates == 2
 
 
 def test_step_candidates_carry_the_leads_evidence():

@@ -59,12 +59,12 @@ def test_under_the_rule_a_batch_too_full_to_draft_skips_learning():
     from vllm_lookahead.core.step_cost import StepCost
 
     p = _proposer("cpu", guess_set_size=2, ngram_size=3)
-    p.owner.cost = StepCost((1, 256), (0.010, 5.0))  # each token costs twice the batch: no draft pays
+    p.owner.timing.cost = StepCost((1, 256), (0.010, 5.0))  # each token costs twice the batch: no draft pays
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
     assert p.owner.requests == {} and p.owner.pending == {}
-    p.owner.cost = StepCost.linear(0.020, 0.0)  # free tokens: both draft (lead first, then more)
+    p.owner.timing.cost = StepCost.linear(0.020, 0.0)  # free tokens: both draft (lead first, then more)
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
     assert all(d[:2] == [8, 9] for d in drafts)
 
@@ -181,11 +181,11 @@ def test_where_drafting_was_measured_slower_the_batch_is_not_drafted():
 
     p = _proposer("cpu", guess_set_size=2, ngram_size=3)
     owner = p.owner
-    owner.cost = StepCost.linear(0.020, 0.0)  # free tokens: the rule alone would draft
+    owner.timing.cost = StepCost.linear(0.020, 0.0)  # free tokens: the rule alone would draft
     gate = DraftGate()
     for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:  # drafting: same tokens, slower
         gate.observe(2, 2, seconds, drafting)
-    owner.gate = gate
+    owner.timing.gate = gate
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
@@ -202,12 +202,12 @@ def test_under_tensor_parallelism_the_gate_is_not_consulted():
 
     p = _proposer("cpu", guess_set_size=2, ngram_size=3)
     owner = p.owner
-    owner.cost = StepCost.linear(0.020, 0.0)
-    owner.cost_frozen = True
+    owner.timing.cost = StepCost.linear(0.020, 0.0)
+    owner.timing.frozen = True
     gate = DraftGate()
     for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:
         gate.observe(2, 2, seconds, drafting)
-    owner.gate = gate
+    owner.timing.gate = gate
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
@@ -219,8 +219,8 @@ def test_measure_drafting_false_leaves_the_gate_out(monkeypatch):
     """``"measure_drafting": false`` (and ``VLLM_LOOKAHEAD_DRAFT_GATE=0``) keep the gate out; it
     is there by default under ``"auto"`` and never under a fixed cap."""
     monkeypatch.delenv("VLLM_LOOKAHEAD_DRAFT_GATE", raising=False)
-    assert _proposer("cpu").owner.gate is not None
-    assert _proposer("cpu", measure_drafting=False).owner.gate is None
-    assert _proposer("cpu", max_tokens_per_step=24).owner.gate is None
+    assert _proposer("cpu").owner.timing.gate is not None
+    assert _proposer("cpu", measure_drafting=False).owner.timing.gate is None
+    assert _proposer("cpu", max_tokens_per_step=24).owner.timing.gate is None
     monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
-    assert _proposer("cpu").owner.gate is None
+    assert _proposer("cpu").owner.timing.gate is None

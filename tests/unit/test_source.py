@@ -7,6 +7,7 @@ import numpy as np
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import NgramPool, RequestLookahead, Source, count_by_source
 from vllm_lookahead.engine.stats import LookaheadStats
+from vllm_lookahead.testing.drafting import draft_one
 
 from test_request import PERIOD, greedy_reference, periodic_oracle, simulate
 
@@ -26,8 +27,8 @@ def test_candidates_carry_their_pools_source_and_the_window_branch_is_window():
     params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3, max_lead_tokens=0)
     req = RequestLookahead(params, [5, 6, 7, 8], seed=0)
     history = [5, 6, 7, 8, 5, 9, 9]
-    req.learn([5, 9, 9], history)  # output n-grams 8 5 9 / 5 9 9
-    draft = req.propose(5, [7, 8, 5])
+    req.catch_up(history)  # output n-grams 8 5 9 / 5 9 9
+    draft = draft_one(req, 5, [7, 8, 5])
     tokens = draft.tree.tokens.tolist()
     sources = draft.sources.tolist()
     # the longest context (7 8 5) is nowhere; (8 5) -> 9 9 is output; 5 -> 6 7 is the prompt's
@@ -42,11 +43,11 @@ def test_candidates_carry_their_pools_source_and_the_window_branch_is_window():
 def test_window_ngrams_are_credited_to_the_window_until_the_text_has_them():
     params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3)
     req = RequestLookahead(params, [1, 2], seed=0)
-    draft = req.propose(2, [1, 2])
+    draft = draft_one(req, 2, [1, 2])
     # a two-level window: run it so its outputs form n-grams
     argmax = np.full(draft.tree.size, 7, dtype=np.int64)
     req.observe(draft, draft.tree.size, argmax, [7], [1, 2, 7])
-    draft = req.propose(7, [1, 2, 7])
+    draft = draft_one(req, 7, [1, 2, 7])
     argmax = np.full(draft.tree.size, 4, dtype=np.int64)
     req.observe(draft, draft.tree.size, argmax, [4], [1, 2, 7, 4])
     window_ngrams = [(v, s) for key in range(10) for v, s in req.pool.get_sourced(key, 10) if s == Source.WINDOW]
@@ -85,7 +86,7 @@ def test_without_a_window_nothing_is_credited_to_it():
 def test_stats_count_window_steps_and_accepted_tokens_by_source():
     params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=2, max_lead_tokens=0)
     req = RequestLookahead(params, [1, 2, 3, 1, 2, 4], seed=0)
-    draft = req.propose(2, [1, 2])
+    draft = draft_one(req, 2, [1, 2])
     assert draft.window_start is not None
     stats = LookaheadStats()
     candidate_nodes = np.arange(1, draft.window_start)
@@ -108,11 +109,11 @@ def test_a_shared_pool_drafts_other_requests_output_credited_as_shared():
     first = RequestLookahead(params, [1, 2], seed=0, shared=shared)
     first.catch_up([1, 2, 40, 41, 42, 43])  # its output: 40 41 42 43
     second = RequestLookahead(params, [9, 9], seed=0, shared=shared)
-    draft = second.propose(40, [9, 40])
+    draft = draft_one(second, 40, [9, 40])
     assert draft.tree.draft_tokens[:2] == [41, 42]
     assert draft.sources[1:3].tolist() == [Source.SHARED, Source.SHARED]
     alone = RequestLookahead(params, [9, 9], seed=0)  # no shared pool: nothing to draft
-    assert alone.propose(40, [9, 40]).tree.size == 1
+    assert draft_one(alone, 40, [9, 40]).tree.size == 1
     # prompts are never shared
     third = RequestLookahead(params, [9, 9], seed=0, shared=shared)
-    assert third.propose(1, [9, 1]).tree.size == 1
+    assert draft_one(third, 1, [9, 1]).tree.size == 1

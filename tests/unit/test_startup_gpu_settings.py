@@ -122,16 +122,15 @@ def test_engine_configs_lookahead_cannot_serve_are_refused_naming_the_setting():
 
 def test_the_worker_refuses_full_cuda_graphs_that_reach_it():
     """A VllmConfig built without the plugin's EngineArgs hook still cannot run FULL graphs."""
-    from vllm_lookahead.engine.runner import RunnerLookahead
+    from vllm_lookahead.engine.kv_layers import paged_kv_of
 
-    owner = RunnerLookahead.__new__(RunnerLookahead)
-    owner.runner = SimpleNamespace(
+    runner = SimpleNamespace(
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=[])]),
         attn_groups=[[SimpleNamespace(backend=SimpleNamespace(get_name=lambda: "FLASH_ATTN"))]],
         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE),
     )
     with pytest.raises(NotImplementedError, match="FULL_AND_PIECEWISE.*PIECEWISE"):
-        owner.setup_kv()
+        paged_kv_of(runner)  # RunnerLookahead.setup_kv's check
 
 
 def test_configs_whose_largest_step_cannot_fit_the_engine_are_refused():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_lookahead.engine import stats
+from vllm_lookahead.engine import stats, step_context
 from vllm_lookahead.engine.step_context import STEP_CONTEXT, StepContext
 
 
@@ -41,10 +41,10 @@ def test_readers_see_the_registered_states_batch_and_counters():
 
 def test_live_stats_are_the_registered_states():
     STEP_CONTEXT.clear()
-    assert stats.live_stats() is None and stats.rank_drafts() == {}
+    assert step_context.live_stats() is None and step_context.rank_drafts() == {}
     state = SimpleNamespace(batch=None, stats=stats.LookaheadStats(drafts_proposed=2))
     STEP_CONTEXT.register(state)
-    assert stats.live_stats() is state.stats and stats.rank_drafts()["drafts"] == 2
+    assert step_context.live_stats() is state.stats and step_context.rank_drafts()["drafts"] == 2
 
 
 def test_the_runner_state_registers_itself_when_created():

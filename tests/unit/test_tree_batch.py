@@ -4,12 +4,13 @@ import torch
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import DraftTree, RequestLookahead
 from vllm_lookahead.engine.tree_batch import build_tree_batch, draft_rows_mask, tree_for_scheduled
+from vllm_lookahead.testing.drafting import draft_one
 
 
 def _draft(seed=0):
     params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2)
     state = RequestLookahead(params, [5, 6, 7, 5, 6, 8, 5, 6, 9], seed=seed)
-    return state.propose(5)
+    return draft_one(state, 5)
 
 
 def test_scheduled_prefix_keeps_tree_and_mismatch_runs_as_chain():

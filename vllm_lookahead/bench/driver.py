@@ -165,7 +165,7 @@ class BenchEngine:
 
     def metrics(self) -> dict[str, float]:
         """vLLM's metrics, plus lookahead's counters when its runner lives in this process."""
-        from vllm_lookahead.engine.stats import live_stats
+        from vllm_lookahead.engine.step_context import live_stats
 
         stats = live_stats()
         return {**engine_metrics(self.llm), **(stats.snapshot() if stats is not None else {})}

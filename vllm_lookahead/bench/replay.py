@@ -8,7 +8,7 @@ gives MAT and draft tokens per step of
 
 * lookahead's verification branch: pool candidates as the engine's proposer builds
   them at batch 1 -- with ``max_tokens_per_step: "auto"`` sized by the same draft
-  rule (:func:`~vllm_lookahead.core.draft_rule.plan_step`) under a forward-cost
+  rule (:func:`~vllm_lookahead.core.drafting.draft_step`, the engine's own step) under a forward-cost
   model (``--replay-cost``: this CPU's profile, the recording's own step times
   (:func:`measured_cost`), or the A100/H100 roofline of :mod:`.projection` --
   what the rule would choose there), otherwise within a fixed
@@ -38,7 +38,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vllm_lookahead.core import RequestLookahead, greedy_verify
-from vllm_lookahead.core.draft_rule import lead_floor, plan_step
+from vllm_lookahead.core.draft_rule import lead_floor
+from vllm_lookahead.core.drafting import DraftRequest, draft_step
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import DraftTree
@@ -143,11 +144,7 @@ class LookaheadCandidates:
         recent = history[-self.state.params.lookup_context :]
         floor = lead_floor(self.cost, 1, self.state.params.lead_tokens) if self.cost is not None else 0.0
         cands = self.state.step_candidates(history[-1], recent, room, min_gain=floor)
-        if self.cost is not None:
-            (plan,) = plan_step([self.state.draft_options(cands, window=False)], self.cost)
-            draft = self.state.build(cands, lead=plan.lead, candidates=plan.candidates, window_columns=0, budget=room)
-        else:
-            draft = self.state.build(cands, candidates=None, window_columns=0, budget=room)
+        (draft,) = draft_step([DraftRequest(self.state, cands, room, window=False)], self.cost)
         self._last = (draft, len(history))
         return draft.tree
 

@@ -5,7 +5,7 @@ request repeats itself (quotes its prompt, restates a list, loops), a whole
 ``N - 1``-token candidate is accepted step after step and the step count is
 bounded by ``N - 1`` tokens per forward, although the pool could say more: the
 text after the candidate can be looked up again (see
-:meth:`~vllm_lookahead.core.request.RequestLookahead.propose`).  This controller
+:meth:`~vllm_lookahead.core.request.RequestLookahead.step_candidates`).  This controller
 decides how far: the lead candidate's length doubles while it is accepted in
 full and falls back to ``N - 1`` at the first miss, within ``[N - 1, maximum]``.
 A miss therefore costs what the paper's draft costs, and a long run of

@@ -281,59 +281,82 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     """
     n = len(options)
     tokens = float(n if base_tokens is None else base_tokens)
-    tree_rows = 0.0
-    expected = float(n)
-    time = cost.forward(max(tokens, 1.0))
-    lead = [0] * n
-    cands = [0] * n
+    step = _Step(tokens, 0.0, float(n), cost.forward(max(tokens, 1.0)))
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
     cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
                 and o.window_column_gain > 0) for o in options]
+    lead = _plan_leads(options, cost, step)
+    cands = _plan_branches(options, cost, step, lead, cols)
+    return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
 
-    # 1. Lead tokens, most likely first (the gains fall with i: each request's tokens come in order).
+
+@dataclass
+class _Step:
+    """The forward planned so far: tokens, tree rows, expected tokens emitted, seconds."""
+
+    tokens: float
+    tree_rows: float
+    expected: float
+    time: float
+
+
+def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _Step) -> list[int]:
+    """Phase 1: lead tokens, most likely first (the gains fall with i: each request's tokens come
+    in order), while a token adds more expected tokens than the time it adds costs."""
+    lead = [0] * len(options)
     heap = [(-o.lead_gains[0], r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_gains[0] > 0]
     heapq.heapify(heap)
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
         gain = -neg_gain
-        dt = cost.forward(tokens + 1, tree_rows) - time
-        if gain * time <= expected * dt:
+        dt = cost.forward(step.tokens + 1, step.tree_rows) - step.time
+        if gain * step.time <= step.expected * dt:
             continue  # this request's longer lead gains even less
         lead[r] = i
-        tokens += 1
-        expected += gain
-        time += dt
+        step.tokens += 1
+        step.expected += gain
+        step.time += dt
         o = options[r]
+        assert o is not None
         if i < o.lead:
             heapq.heappush(heap, (-o.lead_gains[i], r, i + 1))
+    return lead
 
-    # 2. Further candidates and window columns.  A tree's first branching piece pays the
-    #    step's fixed tree price (tree_step_seconds) for every piece after it, so each request
-    #    takes the best *prefix* of its pieces (best expected tokens per row first; candidates
-    #    and columns each in their order), if that prefix raises E / T; requests whose first
-    #    piece is most efficient go first.
+
+def _pieces(o: DraftOptions, lead: int, first_column: int) -> list:
+    """One request's further pieces (candidates, then window columns from ``first_column``), each
+    ``(gain per row, gain, rows, is a chain, is a candidate)``, merged best first within each kind's order."""
+    candidates, columns = [], []
+    if lead > 0 and o.candidate_gain > 0:  # candidates only add to a lead
+        for rows in o.candidate_rows:
+            if rows <= 0:
+                break
+            candidates.append((o.candidate_gain / rows, o.candidate_gain, rows, False, True))
+    if o.window_column_gain > 0:
+        for k in range(first_column, len(o.window_column_rows)):
+            rows = o.window_column_rows[k]
+            chain = k == 0 and lead == 0  # column 0 below a bare root is a chain
+            columns.append((o.window_column_gain / max(rows, 1), o.window_column_gain, rows, chain, False))
+    return _merge_in_order(candidates, columns)
+
+
+def _plan_branches(options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int],
+                   cols: list[int]) -> list[int]:
+    """Phase 2: further candidates and window columns (``cols`` updated in place; the candidates
+    returned).  A tree's first branching piece pays the step's fixed tree price
+    (tree_step_seconds) for every piece after it, so each request takes the best *prefix* of its
+    pieces (best expected tokens per row first; candidates and columns each in their order), if
+    that prefix raises E / T; requests whose first piece is most efficient go first."""
+    cands = [0] * len(options)
     queues = []
     for r, o in enumerate(options):
-        if o is None:
-            continue
-        candidates, columns = [], []
-        if lead[r] > 0 and o.candidate_gain > 0:  # candidates only add to a lead
-            for rows in o.candidate_rows:
-                if rows <= 0:
-                    break
-                candidates.append((o.candidate_gain / rows, o.candidate_gain, rows, False, True))
-        if o.window_column_gain > 0:
-            for k in range(cols[r], len(o.window_column_rows)):
-                rows = o.window_column_rows[k]
-                chain = k == 0 and lead[r] == 0  # column 0 below a bare root is a chain
-                columns.append((o.window_column_gain / max(rows, 1), o.window_column_gain, rows, chain, False))
-        mine = _merge_in_order(candidates, columns)
+        mine = _pieces(o, lead[r], cols[r]) if o is not None else []
         if mine:
             queues.append((-mine[0][0], r, mine))
     queues.sort()
     for _, r, mine in queues:
-        best, best_at = expected / time, 0
-        e, tok, rows_tree = expected, tokens, tree_rows
+        best, best_at = step.expected / step.time, 0
+        e, tok, rows_tree = step.expected, step.tokens, step.tree_rows
         for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
             e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
             ratio = e / cost.forward(tok, rows_tree)
@@ -346,11 +369,11 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
                 cands[r] += 1
             else:
                 cols[r] += 1
-            tokens += rows
-            tree_rows += 0 if chain else rows
-            expected += gain
-        time = cost.forward(tokens, tree_rows)
-    return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
+            step.tokens += rows
+            step.tree_rows += 0 if chain else rows
+            step.expected += gain
+        step.time = cost.forward(step.tokens, step.tree_rows)
+    return cands
 
 
 def _merge_in_order(a: list, b: list) -> list:

@@ -3,9 +3,11 @@
 One decode step of Lookahead Decoding (Fu et al., 2024, arXiv:2402.02057,
 Alg. 2) for one request is:
 
-1. :meth:`RequestLookahead.propose` -- build the token tree from the last
-   accepted token: the *verification branch* (up to ``G`` pool n-grams keyed
-   by that token) first, then the *lookahead branch* (the Jacobi window).
+1. :meth:`RequestLookahead.step_candidates` and :meth:`RequestLookahead.build`
+   (sized for the whole batch by :func:`~vllm_lookahead.core.drafting.draft_step`)
+   -- build the token tree from the last accepted token: the *verification
+   branch* (up to ``G`` pool n-grams keyed by that token) first, then the
+   *lookahead branch* (the Jacobi window).
    Candidates whose preceding text matches more of the recent tokens come
    first (``lookup_context``).  The first (*lead*) candidate may grow past
    ``N - 1`` tokens (``max_lead_tokens``): it is extended by asking the pools
@@ -300,28 +302,6 @@ class RequestLookahead:
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
         return draft
 
-    def propose(
-        self,
-        root_token: int,
-        recent: Sequence[int] = (),
-        budget: int | None = None,
-        window: bool = True,
-        max_candidates: int | None = None,
-        merge: bool | None = None,
-    ) -> StepDraft:
-        """Build this step's tree below ``root_token`` within a fixed budget (no cost rule).
-
-        ``budget``: at most this many draft nodes (None = no limit); ``window=False``: the
-        verification branch only; ``max_candidates``: at most this many candidates (None = G;
-        1 with no window = a chain, which needs no tree attention); ``merge``: trie-merge
-        candidates sharing a prefix (None = the config's ``merge_candidates``).
-
-        The lead is cut to the budget if need be; the other candidates are drafted whole, in
-        order, while they fit; then the whole window if it fits.
-        """
-        cands = self.step_candidates(root_token, recent, budget, max_candidates)
-        return self.build(cands, candidates=None, window_columns=None if window else 0, merge=merge, budget=budget)
-
     def observe(
         self,
         draft: StepDraft,
@@ -410,10 +390,6 @@ class RequestLookahead:
         """After preemption: re-initialise the window, keep the pool."""
         if self.window is not None:
             self.window.reset(prompt_token_ids)
-
-    def learn(self, accepted_tokens: Sequence[int], history: Sequence[int]) -> None:
-        """A step that carried no tree (first decode, fallback): the pool still learns."""
-        self._learn_last(len(accepted_tokens), history)
 
     def catch_up(self, history: Sequence[int]) -> None:
         """Learn every token of ``history`` the pools have not seen yet (none, one or many).

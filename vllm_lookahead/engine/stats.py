@@ -8,7 +8,7 @@ knows: how the draft tree was made up (candidates, whether the Jacobi window ran
 where the accepted tokens came from (:mod:`vllm_lookahead.core.source`: prompt,
 output or window n-grams) and how long proposing and verification took.
 
-:func:`live_stats` finds the counters of this process's runner (:mod:`.step_context`); the benchmark,
+:func:`.step_context.live_stats` finds the counters of this process's runner; the benchmark,
 whose engine runs in-process, reads them around each run (:meth:`LookaheadStats.snapshot`).
 
 :class:`StepReport` is what one step tells the scheduler (the worker may live in another
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vllm_lookahead.core.source import SOURCE_NAMES, count_by_source
-from vllm_lookahead.engine.step_context import STEP_CONTEXT
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -155,18 +154,3 @@ class StepReport:
             "pool_ngrams": self.pool_ngrams,
             "request_states": self.request_states,
         }
-
-
-def rank_drafts(worker=None) -> dict[str, int]:
-    """What this worker process drafted (for ``LLM.collective_rpc``: every tensor-parallel rank
-    must have built the very same trees, and run only its own)."""
-    stats = live_stats()
-    if stats is None:
-        return {}
-    return {"drafts": stats.drafts_proposed, "digest": stats.draft_digest, "foreign": stats.foreign_drafts,
-            "steps": stats.steps, "window_steps": stats.window_steps, "accepted": stats.accepted_tokens}
-
-
-def live_stats() -> LookaheadStats | None:
-    """The counters of this process's lookahead runner (None before the first step, or without lookahead)."""
-    return STEP_CONTEXT.stats()

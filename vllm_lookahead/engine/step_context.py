@@ -4,7 +4,8 @@ Most of the patch table's hooks are model-runner methods and reach the runner's 
 through the runner (:meth:`RunnerLookahead.of <vllm_lookahead.engine.runner.RunnerLookahead.of>`).
 Two are not: the attention backend's ``forward`` and vLLM's ``apply_grammar_bitmask`` receive no
 runner, yet need the trees of the step being executed; and the counters are read from outside
-the engine (the benchmark, ``LLM.collective_rpc`` for tensor-parallel ranks).  vLLM runs one model
+the engine (the benchmark, ``LLM.collective_rpc`` for tensor-parallel ranks: :func:`live_stats`,
+:func:`rank_drafts`).  vLLM runs one model
 runner per worker process, so there is one such state per process: it registers itself here when
 it is created (:meth:`StepContext.register`, called from ``RunnerLookahead.of``) and those readers
 ask :data:`STEP_CONTEXT`.
@@ -62,5 +63,21 @@ class StepContext:
 
 STEP_CONTEXT = StepContext()  # one per process: vLLM runs one model runner per worker process
 
-__all__ = ["STEP_CONTEXT", "StepContext", "WorkerLookahead"]
+
+def rank_drafts(worker=None) -> dict[str, int]:
+    """What this worker process drafted (for ``LLM.collective_rpc``: every tensor-parallel rank
+    must have built the very same trees, and run only its own)."""
+    stats = live_stats()
+    if stats is None:
+        return {}
+    return {"drafts": stats.drafts_proposed, "digest": stats.draft_digest, "foreign": stats.foreign_drafts,
+            "steps": stats.steps, "window_steps": stats.window_steps, "accepted": stats.accepted_tokens}
+
+
+def live_stats() -> "LookaheadStats | None":
+    """The counters of this process's lookahead runner (None before the first step, or without lookahead)."""
+    return STEP_CONTEXT.stats()
+
+
+__all__ = ["STEP_CONTEXT", "StepContext", "WorkerLookahead", "live_stats", "rank_drafts"]
 

@@ -1,0 +1,119 @@
+"""What a decode step costs in this worker, measured: the forward-cost model the draft rule
+prices trees with (:class:`~vllm_lookahead.core.step_cost.StepCost`, profiled at start-up by
+:mod:`.cost_profile` and refined by every decode-only step served) and the gate that times
+drafting against not drafting per batch size (:class:`~vllm_lookahead.core.draft_gate.DraftGate`).
+
+Both only under ``max_tokens_per_step: "auto"``.  Under tensor parallelism the cost model is one
+for all ranks (:func:`.cost_profile.agree_across_ranks`) and is not refined, and the gate is left
+out: every rank must build the same trees, so no decision may rest on one rank's timings.
+``"measure_drafting": false`` or ``VLLM_LOOKAHEAD_DRAFT_GATE=0`` leave the gate out.
+
+Clocks, in the order :class:`~.runner.RunnerLookahead`'s hooks run them: :meth:`step_started`
+(``_prepare_inputs``) -> :meth:`tree_rows` -> :meth:`step_sampled` (after sampling and
+verification: one observation of the cost model) -> :meth:`allow_drafts` (at the proposal:
+the gate sees the whole decode step since the last proposal, scheduling included).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core.draft_gate import DraftGate
+from vllm_lookahead.core.step_cost import StepCost
+from vllm_lookahead.engine.cost_profile import fallback_cost
+
+logger = logging.getLogger("vllm.lookahead")
+
+
+class StepTiming:
+    """The worker's cost model and draft gate, and the clocks that feed them."""
+
+    def __init__(self, config: LookaheadConfig) -> None:
+        self.measuring = config.cost_rule  # the draft rule reads the cost model
+        self.cost: StepCost | None = None
+        self.frozen = False  # tensor parallel: one model for all ranks, not refined per rank
+        gate_on = config.measure_drafting and os.environ.get("VLLM_LOOKAHEAD_DRAFT_GATE", "1") != "0"
+        self.gate = DraftGate() if config.cost_rule and gate_on else None
+        self._step: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
+        self._proposal: tuple[float, bool] | None = None  # the last proposal's time and whether it drafted
+        self._decode_step = False  # whether the step since that proposal was decode-only
+
+    def model(self) -> StepCost:
+        """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
+        if self.cost is None:
+            self.cost = fallback_cost()
+        return self.cost
+
+    def step_started(self, scheduler_output: Any) -> None:
+        """``_prepare_inputs``: a decode-only step (the steps the models learn from) starts its clock."""
+        self._step = None
+        self._decode_step = self.measuring and decode_only(scheduler_output)
+        if self._decode_step:
+            self._step = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
+
+    @property
+    def timing_step(self) -> bool:
+        """Whether this step's clock runs (then :meth:`tree_rows` wants its tree rows)."""
+        return self._step is not None
+
+    def tree_rows(self, rows: int) -> None:
+        """The step's rows recomputed with the tree mask (what a tree adds to a chain's forward)."""
+        if self._step is not None:
+            self._step = (*self._step[:2], rows)
+
+    def step_sampled(self, logits: torch.Tensor) -> None:
+        """Feed the cost model the decode-only step that just ran, from ``_prepare_inputs`` through
+        sampling and verification: what a draft token costs is its rows in the forward and its
+        share of verifying them, and the draft rule weighs both."""
+        clock, self._step = self._step, None
+        if clock is None or self.frozen:
+            return
+        if logits.device.type == "cuda":
+            torch.cuda.synchronize(logits.device)
+        start, tokens, rows = clock
+        self.model().observe(tokens, rows, time.perf_counter() - start)
+
+    def allow_drafts(self, now: float, decoding: int, sampled_token_ids: list[list[int]], can_draft: bool) -> bool:
+        """Whether the gate lets the next step draft, once it has seen the decode-only step that
+        ends with this proposal (the tokens it emitted for ``decoding`` requests); False only
+        when ``can_draft`` and the gate says no."""
+        if self.gate is None or self.frozen:
+            return True
+        if self._proposal is not None and self._decode_step:
+            since, drafted = self._proposal
+            self.gate.observe(decoding, sum(len(s) for s in sampled_token_ids), now - since, drafted)
+        self._decode_step = False
+        allowed = not can_draft or self.gate.allow(decoding)
+        self._proposal = (now, can_draft and allowed)
+        return allowed
+
+    def any_draft_pays(self, decoding: int) -> bool:
+        """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's
+        test for a batch too full to draft; when it fails no request does any work)."""
+        if decoding <= 0:
+            return False
+        cost = self.model()
+        base = cost.forward(decoding)
+        return base > decoding * (cost.forward(decoding + 1) - base)
+
+    def log(self) -> None:
+        """The periodic log lines of the cost model and the gate (with the stats' own)."""
+        if self.cost is None:
+            return
+        logger.info("lookahead: the draft rule's step cost: %s", self.cost.describe())
+        if self.gate is not None:
+            logger.info("lookahead: tokens/s drafting vs not, by requests in flight: %s", self.gate.describe())
+
+
+def decode_only(scheduler_output: Any) -> bool:
+    """Whether every scheduled request decodes (one token plus its drafts): the steps whose
+    time the cost model learns from (a prefill chunk's cost is not a decode step's)."""
+    spec = scheduler_output.scheduled_spec_decode_tokens or {}
+    counts = scheduler_output.num_scheduled_tokens
+    return bool(counts) and all(n == 1 + len(spec.get(r, ())) for r, n in counts.items())
