@@ -96,11 +96,11 @@ class LookaheadConfig(BaseModel):
     )
 
     measure_drafting: bool = Field(
-        True,
-        description="with max_tokens_per_step 'auto': time decode steps with and without drafts per "
-        "batch size and draft only where drafting has emitted at least the tokens per second of "
-        "not drafting (core/draft_gate.py); false: draft as the rule plans (output is the same "
-        "either way)",
+        False,
+        description="with max_tokens_per_step 'auto': also time decode steps with and without drafts "
+        "per batch size and draft only where drafting has emitted at least the tokens per second of "
+        "not drafting (core/draft_gate.py; off by default: in two side-by-side runs the rule alone "
+        "was faster in 26 of 32 cells and slower in 4, docs/results.md); output is the same either way",
     )
 
     @model_validator(mode="after")

@@ -28,8 +28,9 @@ from harness import Engine
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # The engine tests check what is drafted, accepted and emitted; whether drafting is faster than not
-# drafting on this shared machine at a given moment (core/draft_gate.py, unit-tested on its own) must
-# not decide whether a test sees drafts: every engine and server of these tests runs without it.
+# drafting on this shared machine at a given moment (core/draft_gate.py, opt-in, unit-tested on its
+# own) must not decide whether a test sees drafts: every engine and server of these tests runs
+# without it, whatever a test's config says.
 os.environ.setdefault("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
 
 REAL_MODEL_TOKENS = 64

@@ -215,12 +215,12 @@ def test_under_tensor_parallelism_the_gate_is_not_consulted():
     assert "measured_slower" not in owner.report.undrafted.values()
 
 
-def test_measure_drafting_false_leaves_the_gate_out(monkeypatch):
-    """``"measure_drafting": false`` (and ``VLLM_LOOKAHEAD_DRAFT_GATE=0``) keep the gate out; it
-    is there by default under ``"auto"`` and never under a fixed cap."""
+def test_the_gate_is_there_only_when_asked_for(monkeypatch):
+    """The gate is opt-in (``"measure_drafting": true`` under ``"auto"``), never under a fixed
+    cap, and ``VLLM_LOOKAHEAD_DRAFT_GATE=0`` keeps it out whatever the config says."""
     monkeypatch.delenv("VLLM_LOOKAHEAD_DRAFT_GATE", raising=False)
-    assert _proposer("cpu").owner.timing.gate is not None
-    assert _proposer("cpu", measure_drafting=False).owner.timing.gate is None
-    assert _proposer("cpu", max_tokens_per_step=24).owner.timing.gate is None
-    monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
     assert _proposer("cpu").owner.timing.gate is None
+    assert _proposer("cpu", measure_drafting=True).owner.timing.gate is not None
+    assert _proposer("cpu", measure_drafting=True, max_tokens_per_step=24).owner.timing.gate is None
+    monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
+    assert _proposer("cpu", measure_drafting=True).owner.timing.gate is None
