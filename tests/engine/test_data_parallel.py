@@ -106,6 +106,17 @@ def idle(base: str, seconds: float = 20) -> dict:
         time.sleep(0.5)
 
 
+def pooled(base: str, engine: str, seconds: float = 20) -> dict:
+    """``/metrics`` once no worker holds request state and ``engine``'s pool gauge has arrived (the
+    engines' stats reach the API server asynchronously, after the tokens do)."""
+    deadline = time.time() + seconds
+    while True:
+        metrics = idle(base)
+        if metric_total(metrics, "vllm:lookahead_pool_ngrams", engine=engine) > 0 or time.time() > deadline:
+            return metrics
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def traffic(servers, toy_model):
     """Both phases' completions, the reference's, and ``/metrics`` around each phase."""
@@ -127,7 +138,7 @@ def traffic(servers, toy_model):
         before = idle(dp.base)
         tokens = complete(dp.base, probe, rank=rank)
         settled(dp.base, before, len(tokens))
-        runs.append({"rank": rank, "tokens": tokens, "after": idle(dp.base)})
+        runs.append({"rank": rank, "tokens": tokens, "before": before, "after": pooled(dp.base, str(rank))})
     out["probe_runs"] = runs
 
     # Phase 2 (concurrent, the load balancer decides): greedy and seeded sampled requests.
@@ -196,6 +207,8 @@ def test_shared_pool_is_per_engine(traffic):
     for run in (on_first, on_second):
         states = per_engine(run["after"], "vllm:lookahead_request_states", holder="worker")
         assert states == {"0": 0, "1": 0}, states
+        served = delta(run["before"], run["after"], "vllm:request_success_total")
+        assert served == {e: float(e == str(run["rank"])) for e in ENGINES}, f"probe for engine {run['rank']}: {served}"
     first = per_engine(on_first["after"], "vllm:lookahead_pool_ngrams")
     second = per_engine(on_second["after"], "vllm:lookahead_pool_ngrams")
     print(f"shared pool n-grams per engine: after the probe on engine 0 {first}, then on engine 1 {second}")
