@@ -112,16 +112,16 @@ class LayerStep:
     def scale(self) -> float:
         return 1 / math.sqrt(self.case.head_size)
 
-    def kernel_call(self, causal: bool, **options: Any) -> tuple[Callable[[], None], float]:
+    def kernel_call(self, causal: bool, **options: Any) -> tuple[Callable[[], None], float, TreeAttentionPlan]:
         """One layer's launch of the kernel (plan built outside it, with ``options`` of
-        :meth:`TreeAttentionPlan.build`), and the plan's host build seconds."""
+        :meth:`TreeAttentionPlan.build`), the plan's host build seconds, and the plan."""
         c, cache = self.case, self.paged.caches[0]
         plan, build_s = time_host(lambda: TreeAttentionPlan.build(
             self.rows, self.paged.block_table, c.heads, c.kv_heads, c.head_size, causal=causal,
             **{"cache_dtype": cache.dtype, **options}),
             cache.device)
         addressing = CacheAddressing.of(cache)
-        return (lambda: tree_attention(plan, self.query, cache, self.output, addressing, self.scale)), build_s
+        return (lambda: tree_attention(plan, self.query, cache, self.output, addressing, self.scale)), build_s, plan
 
     def engine_call(self) -> Callable[[], None]:
         """One layer of the engine's tree path over the same rows (a new step: its plan is built
@@ -167,24 +167,17 @@ def free_bytes(device: torch.device) -> float:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else float("inf")
 
 
-def plan_block_m(step: LayerStep) -> int:
-    """The query tile the default plan of ``step`` uses."""
-    c = step.case
-    return TreeAttentionPlan.build(step.rows, step.paged.block_table, c.heads, c.kv_heads, c.head_size,
-                                   cache_dtype=step.paged.buffer.dtype).block_m
-
-
 def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any],
                  timing: dict[str, int]) -> dict[str, Any]:
     """Seconds per layer of the four ways (see the module docstring) for one case; ``launches``:
     filled with the kernel's and the torch pass's launch counts by the first case."""
-    kernel, plan_s = step.kernel_call(causal=False)
-    causal, _ = step.kernel_call(causal=True)
+    kernel, plan_s, plan = step.kernel_call(causal=False)
+    causal, _, _ = step.kernel_call(causal=True)
     row = {**asdict(step.case), "tree_size": step.tree.size,
            "computed_rows": sum(tr.num_nodes - tr.first_node for tr in step.rows), "plan_build_s": plan_s,
            "kernel_s": time_per_call(kernel, device, **timing), "causal_s": time_per_call(causal, device, **timing),
            "notes": []}
-    narrow, _ = step.kernel_call(causal=False, block_m=min(64, plan_block_m(step)), gather_words=True)
+    narrow, _, _ = step.kernel_call(causal=False, block_m=min(64, plan.block_m), gather_words=True)
     row["kernel_m64_gathered_s"] = time_per_call(narrow, device, **timing)
     if not launches:
         launches.update(case=asdict(step.case), kernel=count_launches(kernel, device))

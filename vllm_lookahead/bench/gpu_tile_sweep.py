@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from vllm_lookahead.bench.gpu_exactness import TOLERANCE as EXACTNESS_TOLERANCE
+from vllm_lookahead.bench.gpu_exactness import _compare
 from vllm_lookahead.bench.gpu_fixtures import PagedLayers, md_table, time_per_call
 from vllm_lookahead.bench.gpu_layer_time import LayerCase, LayerStep
-from vllm_lookahead.kernels.tree_attention import CacheAddressing, TreeAttentionPlan, dense_reference, tree_attention
+from vllm_lookahead.kernels.tree_attention import dense_reference
 
 SHAPES = (  # heads, kv heads, context, requests, draft rows
     (32, 8, 8192, 8, 64), (64, 8, 8192, 8, 64), (32, 8, 8192, 8, 16), (32, 8, 32768, 32, 64),
@@ -37,7 +39,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "block_m 64": {"block_m": 64}, "block_m 64, 8 warps": {"block_m": 64, "num_warps": 8},
     "block_n 128, stages 2": {"block_n": 128, "num_stages": 2},
 }
-TOLERANCE = 2e-2  # bf16, scaled error |out - ref| / (1 + |ref|), as the GPU check
+TOLERANCE = EXACTNESS_TOLERANCE[torch.bfloat16]  # scaled error |out - ref| / (1 + |ref|), as the GPU check
 
 
 def reference(step: LayerStep) -> list[torch.Tensor]:
@@ -50,39 +52,21 @@ def reference(step: LayerStep) -> list[torch.Tensor]:
     return dense_reference(step.query, keys, values, step.rows, step.scale)
 
 
-def scaled_error(step: LayerStep, ref: list[torch.Tensor]) -> float:
-    worst = 0.0
-    for tr, expected in zip(step.rows, ref):
-        got = step.output[tr.first_row : tr.first_row + tr.num_nodes - tr.first_node].float()
-        diff = (got - expected).abs().nan_to_num(nan=float("inf"))
-        worst = max(worst, float((diff / (1 + expected.abs())).max()))
-    return worst
-
-
 def measure_shape(shape: tuple[int, ...], device: torch.device) -> list[dict[str, Any]]:
     heads, kv_heads, ctx, reqs, drafts = shape
     case = LayerCase(heads, kv_heads, 128, ctx, reqs, drafts)
     paged = PagedLayers.allocate(1, reqs, ctx + drafts + 1, kv_heads, 128, torch.bfloat16, device)
     step = LayerStep.build(case, paged, torch.Generator(device).manual_seed(0))
     ref = reference(step)
-    cache = paged.caches[0]
-    addressing = CacheAddressing.of(cache)
-    rows = []
-    causal = TreeAttentionPlan.build(step.rows, paged.block_table, heads, kv_heads, 128, causal=True,
-                                     cache_dtype=cache.dtype)
-    causal_s = time_per_call(lambda: tree_attention(causal, step.query, cache, step.output, addressing, step.scale),
-                             device)
-    for name, options in [("causal (default settings)", None)] + list(SETTINGS.items()):
-        if options is None:
-            rows.append({**asdict(case), "setting": name, "seconds": causal_s, "scaled_err": None})
-            continue
-        plan = TreeAttentionPlan.build(step.rows, paged.block_table, heads, kv_heads, 128,
-                                       **{"cache_dtype": cache.dtype, **options})
+    causal, _, _ = step.kernel_call(causal=True)
+    rows = [{**asdict(case), "setting": "causal (default settings)", "seconds": time_per_call(causal, device),
+             "scaled_err": None}]
+    for name, options in SETTINGS.items():
         step.output.zero_()
-        call = lambda plan=plan: tree_attention(plan, step.query, cache, step.output, addressing, step.scale)  # noqa: E731
         try:
+            call, _, plan = step.kernel_call(causal=False, **options)
             call()
-            err = scaled_error(step, ref)
+            err = _compare(step.output, step.rows, ref)["scaled_err"]
             seconds = time_per_call(call, device)
         except Exception as exc:  # noqa: BLE001 -- a setting that does not compile is recorded
             rows.append({**asdict(case), "setting": name, "error": f"{type(exc).__name__}: {exc}"})

@@ -250,10 +250,10 @@ class RunnerLookahead:
             return None
         state = self.requests.get(req_id)
         if state is None:
-            prompt = self.runner.requests[req_id].prompt_token_ids or []
+            req_state = self.runner.requests[req_id]
+            prompt = req_state.prompt_token_ids or []
             # the request's own settings (extra_args), validated where vLLM accepted it
-            cfg, shared = request_overrides.for_request(self.config, self.runner.requests[req_id].sampling_params,
-                                                        self.shared)
+            cfg, shared = request_overrides.for_request(self.config, req_state.sampling_params, self.shared)
             state = self.requests[req_id] = RequestLookahead(cfg, prompt, seed=window_seed(cfg.seed, prompt),
                                                              shared=shared)
         if outcome is not None:
