@@ -25,6 +25,7 @@ from vllm_lookahead.kernels.tree_attention import (
     ancestor_bits,
     dense_reference,
     tree_attention,
+    tree_attention_tiles,
 )
 from vllm_lookahead.testing.paged_kv import cpu_attn_caches, random_tree, vllm_layer_caches, window_tree, write_tokens
 
@@ -174,6 +175,41 @@ def test_default_tiles_of_128_rows(dtype):
     assert error < tol
 
 
+@pytest.mark.parametrize("rows_m,heads,longest,expected", [
+    (480, 64, 8257, (256, 64, 3)),    # 64/8 heads, 8k context x 8 requests x 64 drafts: long key loops
+    (240, 256, 32833, (256, 64, 2)),  # 32/8, 32k x 32 x 64 drafts
+    (480, 8, 8257, (128, 128, 9)),    # one request: 256-row tiles would need 17 short splits
+    (240, 256, 577, (128, 128, 1)),   # 512 tokens of context: short key loops
+    (128, 64, 8257, (128, 128, 5)),   # 128 rows per KV head fit one 128-row tile
+])
+def test_wide_tiles_where_key_loops_are_long(rows_m, heads, longest, expected):
+    """256-row tiles only where that plan keeps at most 3 splits of at least 2048 keys (where
+    the H100 measured them faster), on 132 SMs (264 programs); 16-bit caches and small trees."""
+    assert tree_attention_tiles(rows_m, heads, longest, 128, True, True, 264) == expected
+    assert tree_attention_tiles(rows_m, heads, longest, 128, False, True, 264)[0] == 64  # float32 cache
+    assert tree_attention_tiles(rows_m, heads, longest, 128, True, False, 264)[0] == 128  # words gathered
+
+
+def test_plan_picks_256_rows_on_a_long_context():
+    """On a CPU (one program, one split) a request past 128 rows per KV head over 2048+ keys gets
+    256-row tiles by itself, on 16 warps."""
+    rng = _rng("wide-plan")
+    trees = [window_tree(rng, 7, 4, 7, 4)]  # 57 nodes x 4 heads per KV head
+    error, tol, plan = run_case(14, trees, [2100], heads=8, kv_heads=2, dtype=torch.bfloat16)
+    assert (plan.block_m, plan.block_n, plan.num_warps, plan.num_splits) == (256, 64, 16, 1)
+    assert error < tol
+
+
+def test_tiles_of_256_rows():
+    """256-row query tiles (the tile sweep's wide setting) over rows of two KV heads' groups."""
+    rng = _rng("tiles256")
+    trees = [window_tree(rng, 7, 4, 7, 4), random_tree(rng, 3)]  # 57 nodes x 8 heads per KV head
+    error, tol, plan = run_case(13, trees, [40, 2], heads=16, kv_heads=2, dtype=torch.bfloat16, block_m=256,
+                                num_warps=16)
+    assert (plan.block_m, plan.tiles_per_head, plan.num_warps) == (256, 2, 16)
+    assert error < tol
+
+
 @pytest.mark.parametrize("nodes", [100, 140])
 def test_large_trees_words_in_registers_or_gathered(nodes):
     """Up to 128 nodes a row's ancestor words are read once into registers; past that (5 words
@@ -203,11 +239,12 @@ def test_ancestor_bits_past_one_word():
     splits=st.integers(1, 4),
     block_size=st.sampled_from([8, 16]),
     gather_words=st.booleans(),
+    mask_every_tile=st.booleans(),
 )
-def test_random_trees_property(seed, sizes, contexts, group, splits, block_size, gather_words):
+def test_random_trees_property(seed, sizes, contexts, group, splits, block_size, gather_words, mask_every_tile):
     rng = np.random.default_rng(seed)
     trees = [random_tree(rng, n) for n in sizes]
     error, tol, _ = run_case(seed, trees, contexts[: len(trees)], heads=2 * group, kv_heads=2, head_size=16,
                              block_size=block_size, num_splits=splits, block_n=16, min_chunk=8,
-                             gather_words=gather_words)
+                             gather_words=gather_words, mask_every_tile=mask_every_tile)
     assert error < tol

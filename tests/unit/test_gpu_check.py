@@ -55,7 +55,8 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     assert {r["rows"] for r in exact["attention"]} == {"branch", "all", "causal"}
     assert any(r["num_splits_run"] > 1 for r in exact["attention"])
     layer = raw["parts"]["layer"]["tables"]["layer"]
-    assert all({"kernel_s", "causal_s", "sdpa_s", "torch_s", "kernel_over_causal"} <= set(r) for r in layer)
+    assert all({"kernel_s", "causal_s", "sdpa_s", "torch_s", "kernel_over_causal", "masked_over_kernel"} <= set(r)
+               for r in layer)
     assert {r["mode"] for r in raw["parts"]["forward"]["tables"]["forward"]} == {"chain", "tree", "tree_one_pass"}
     md = (out / "gpu_check.md").read_text()
     assert "**Exactness: every case run passed**" in md and "| T per request |" in md and "| kernel/causal |" in md

@@ -243,6 +243,52 @@ def time_per_call(fn: Callable[[], object], device: torch.device, calls: int = 1
     return statistics.median(per_call)
 
 
+def time_side_by_side(fns: dict[str, Callable[[], object]], device: torch.device, calls: int = 10,
+                      samples: int = 7, warmup: int = 2) -> dict[str, float]:
+    """Median device seconds per call of each of ``fns``, their samples taken in turn (a clock or
+    neighbour change during the run shifts all of them alike).  On CUDA each sample replays a
+    CUDA graph of ``calls`` calls captured after ``warmup`` eager calls: the GPU's time for the
+    calls without the host's launch cost, so a launch-bound call is timed by what it runs (a
+    call that cannot be captured is timed eagerly, like :func:`time_per_call`); elsewhere wall
+    time of eager calls."""
+    runs: dict[str, Callable[[], object]] = {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        synchronize(device)
+        runs[name] = _captured(fn, calls) if device.type == "cuda" else fn
+    per_call: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(samples):
+        for name, run in runs.items():
+            if device.type == "cuda":
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                run()
+                end.record()
+                end.synchronize()
+                per_call[name].append(begin.elapsed_time(end) / 1e3 / calls)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    run()
+                per_call[name].append((time.perf_counter() - t0) / calls)
+    return {name: statistics.median(values) for name, values in per_call.items()}
+
+
+def _captured(fn: Callable[[], object], calls: int) -> Callable[[], object]:
+    """A callable replaying ``calls`` calls of ``fn`` from one CUDA graph, or ``calls`` eager
+    calls where capture fails."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    except Exception:  # noqa: BLE001 -- e.g. a host synchronisation inside fn: timed eagerly
+        torch.cuda.synchronize()
+        return lambda: [fn() for _ in range(calls)]
+    return graph.replay
+
+
 def time_host(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
     """``fn()`` and the wall seconds it took, the device's work included (one call)."""
     synchronize(device)

@@ -14,12 +14,20 @@ recomputes with the tree mask (from each tree's first branch on), by:
 3. ``causal``  -- the same kernel with ``causal=True`` over the same rows and keys: plain causal
    attention, so ``kernel / causal`` is what the tree mask itself costs; ``m64+gathered`` -- the
    kernel with query tiles of at most 64 rows and the ancestor words gathered per key tile (the
-   two choices :meth:`TreeAttentionPlan.build` makes otherwise), side by side;
+   two choices :meth:`TreeAttentionPlan.build` makes otherwise), side by side; ``every tile masked``
+   -- the kernel with bounds and score masks on every key tile, not only the context's last one;
+   ``other tile`` -- where a request has more than 128 rows per KV head, the kernel with the other
+   of the two wide query tiles (256 rows on 16 warps where the plan chose 128, 128 on 8 where it
+   chose 256);
 4. ``sdpa``    -- ``torch.nn.functional.scaled_dot_product_attention`` of the same rows over a
    contiguous copy of the same keys, no mask (the copy is not timed): an outside baseline.
 
-Times are :func:`~vllm_lookahead.bench.gpu_fixtures.time_per_call` medians (CUDA events over
-back-to-back calls).  The same cache is read on every call, so a small case (a few MB of K/V)
+The kernel's settings and SDPA are timed by
+:func:`~vllm_lookahead.bench.gpu_fixtures.time_side_by_side` (CUDA graphs of 10 calls, their
+samples taken in turn: device time, no host launch cost, so ``kernel / causal`` is what the mask
+costs on the GPU even where a call is launch-bound); the engine's two paths, which run eagerly in
+the engine, by :func:`~vllm_lookahead.bench.gpu_fixtures.time_per_call` medians (CUDA events over
+back-to-back eager calls, the host's launch and glue included where they are longer).  The same cache is read on every call, so a small case (a few MB of K/V)
 is served from the L2 cache -- an optimistic figure next to a real forward, whose 32 layers
 read 32 different caches.  The torch pass pads every request to the longest and materialises
 ``requests x kv_heads x (group x rows) x keys`` scores twice (scores, softmax): its bytes are
@@ -40,7 +48,7 @@ import torch
 
 from vllm_lookahead.bench.gpu_fixtures import (PagedLayers, branching_tree, cell, count_launches, engine_call,
                                                engine_path, first_branch_node, md_table, strided_query, time_host,
-                                               time_per_call)
+                                               time_per_call, time_side_by_side)
 from vllm_lookahead.engine import kv
 from vllm_lookahead.engine.tree_batch import TreeRequest
 from vllm_lookahead.kernels import kv_compaction
@@ -172,19 +180,26 @@ def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any]
     """Seconds per layer of the four ways (see the module docstring) for one case; ``launches``:
     filled with the kernel's and the torch pass's launch counts by the first case."""
     kernel, plan_s, plan = step.kernel_call(causal=False)
-    causal, _, _ = step.kernel_call(causal=True)
+    side_by_side = {"kernel": kernel, "causal": step.kernel_call(causal=True)[0],
+                    "kernel_masked": step.kernel_call(causal=False, mask_every_tile=True)[0],
+                    "kernel_m64_gathered": step.kernel_call(causal=False, block_m=min(64, plan.block_m),
+                                                            gather_words=True)[0]}
+    if plan.block_m in (128, 256) and plan.max_queries * plan.group > 128:  # the other of the two wide tiles
+        other = 384 - plan.block_m
+        side_by_side["kernel_other_tile"] = step.kernel_call(causal=False, block_m=other,
+                                                             num_warps=16 if other == 256 else 8)[0]
     row = {**asdict(step.case), "tree_size": step.tree.size,
            "computed_rows": sum(tr.num_nodes - tr.first_node for tr in step.rows), "plan_build_s": plan_s,
-           "kernel_s": time_per_call(kernel, device, **timing), "causal_s": time_per_call(causal, device, **timing),
-           "notes": []}
-    narrow, _, _ = step.kernel_call(causal=False, block_m=min(64, plan.block_m), gather_words=True)
-    row["kernel_m64_gathered_s"] = time_per_call(narrow, device, **timing)
-    if not launches:
-        launches.update(case=asdict(step.case), kernel=count_launches(kernel, device))
+           "block_m": plan.block_m, "notes": []}
     if step.sdpa_bytes() <= MEMORY_SHARE * free_bytes(device):
-        row["sdpa_s"] = time_per_call(step.sdpa_call(), device, **timing)
+        side_by_side["sdpa"] = step.sdpa_call()
     else:
         row["notes"].append(f"sdpa skipped: its K/V copy needs {step.sdpa_bytes() / 2**30:.1f} GiB")
+    row.update({f"{name}_s": seconds for name, seconds in
+                time_side_by_side(side_by_side, device, **timing).items()})
+    side_by_side.clear()  # the SDPA copy goes
+    if not launches:
+        launches.update(case=asdict(step.case), kernel=count_launches(kernel, device))
     need = step.torch_pass_bytes()
     for name, choice in (("engine", "triton"), ("torch", "torch")):
         if choice == "torch" and need > MEMORY_SHARE * free_bytes(device):
@@ -198,6 +213,9 @@ def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any]
                 launches[name] = count_launches(call, device)
     row["kernel_over_causal"] = row["kernel_s"] / row["causal_s"]
     row["m64_gathered_over_kernel"] = row["kernel_m64_gathered_s"] / row["kernel_s"]
+    row["masked_over_kernel"] = row["kernel_masked_s"] / row["kernel_s"]
+    if "kernel_other_tile_s" in row:
+        row["other_tile_over_kernel"] = row["kernel_other_tile_s"] / row["kernel_s"]
     for name in ("engine", "torch", "sdpa"):
         if f"{name}_s" in row:
             row[f"{name}_over_kernel"] = row[f"{name}_s"] / row["kernel_s"]
@@ -289,7 +307,10 @@ def markdown(data: dict[str, Any]) -> list[str]:
         ("engine (kernel) us", us("engine_s")), ("causal us", us("causal_s")), ("SDPA us", us("sdpa_s")),
         ("torch pass us", us("torch_s")),
         ("kernel/causal", lambda r: cell(r, "kernel_over_causal")),
+        ("every tile masked/kernel", lambda r: cell(r, "masked_over_kernel")),
         ("m64+gathered/kernel", lambda r: cell(r, "m64_gathered_over_kernel")),
+        ("tile rows", lambda r: cell(r, "block_m")),
+        ("other tile (128 / 256 rows)/kernel", lambda r: cell(r, "other_tile_over_kernel")),
         ("torch/kernel", lambda r: cell(r, "torch_over_kernel")),
         ("SDPA/kernel", lambda r: cell(r, "sdpa_over_kernel")), ("plan build us", us("plan_build_s")),
         ("notes", lambda r: "; ".join(r.get("notes", []))),

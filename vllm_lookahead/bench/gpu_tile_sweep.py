@@ -6,8 +6,9 @@ pipelining depth :meth:`TreeAttentionPlan.build` should choose.
 For a few layer shapes of the GPU check (Llama-3.1-8B's 32/8 heads and a 70B-like 64/8, head
 size 128, bf16, branching trees) every setting is run once against the dense float32 reference
 (:func:`~vllm_lookahead.kernels.tree_attention.dense_reference`, the GPU check's bf16 tolerance)
-and timed with :func:`~vllm_lookahead.bench.gpu_fixtures.time_per_call`, next to the plan's
-default and the kernel's causal mode (plain causal attention of the same rows).  Writes
+and all are timed side by side with :func:`~vllm_lookahead.bench.gpu_fixtures.time_side_by_side`
+(CUDA graphs, samples in turn), next to the plan's default and the kernel's causal mode (plain
+causal attention of the same rows).  Writes
 ``tile_sweep.json`` and ``tile_sweep.md``.  Needs only torch, numpy and triton.
 """
 
@@ -26,18 +27,22 @@ import torch
 
 from vllm_lookahead.bench.gpu_exactness import TOLERANCE as EXACTNESS_TOLERANCE
 from vllm_lookahead.bench.gpu_exactness import _compare
-from vllm_lookahead.bench.gpu_fixtures import PagedLayers, md_table, time_per_call
+from vllm_lookahead.bench.gpu_fixtures import PagedLayers, md_table, time_side_by_side
 from vllm_lookahead.bench.gpu_layer_time import LayerCase, LayerStep
 from vllm_lookahead.kernels.tree_attention import dense_reference
 
-SHAPES = (  # heads, kv heads, context, requests, draft rows
-    (32, 8, 8192, 8, 64), (64, 8, 8192, 8, 64), (32, 8, 8192, 8, 16), (32, 8, 32768, 32, 64),
-    (32, 8, 512, 32, 64), (32, 8, 2048, 1, 16), (64, 8, 32768, 8, 32),
+SHAPES = (  # heads, kv heads, context, requests, draft rows (the most telling first: a budget cuts the last)
+    (64, 8, 8192, 8, 64), (32, 8, 8192, 8, 64), (32, 8, 8192, 8, 16), (64, 8, 32768, 8, 32),
+    (32, 8, 32768, 32, 64), (32, 8, 512, 32, 64), (32, 8, 2048, 1, 16),
 )
 SETTINGS: dict[str, dict[str, Any]] = {
-    "default": {}, "block_n 128": {"block_n": 128}, "stages 2": {"num_stages": 2}, "stages 4": {"num_stages": 4},
-    "block_m 64": {"block_m": 64}, "block_m 64, 8 warps": {"block_m": 64, "num_warps": 8},
-    "block_n 128, stages 2": {"block_n": 128, "num_stages": 2},
+    "default": {}, "every tile masked": {"mask_every_tile": True}, "block_n 64": {"block_n": 64},
+    "block_n 128": {"block_n": 128}, "stages 2": {"num_stages": 2}, "stages 4": {"num_stages": 4},
+    "block_m 64": {"block_m": 64}, "block_m 256, 8 warps": {"block_m": 256, "num_warps": 8},
+    "block_m 256, 16 warps": {"block_m": 256, "num_warps": 16},
+    "block_m 256, 16 warps, stages 4": {"block_m": 256, "num_warps": 16, "num_stages": 4},
+    "block_m 256, 16 warps, block_n 128, stages 2": {"block_m": 256, "num_warps": 16, "block_n": 128,
+                                                      "num_stages": 2},
 }
 TOLERANCE = EXACTNESS_TOLERANCE[torch.bfloat16]  # scaled error |out - ref| / (1 + |ref|), as the GPU check
 
@@ -58,27 +63,28 @@ def measure_shape(shape: tuple[int, ...], device: torch.device) -> list[dict[str
     paged = PagedLayers.allocate(1, reqs, ctx + drafts + 1, kv_heads, 128, torch.bfloat16, device)
     step = LayerStep.build(case, paged, torch.Generator(device).manual_seed(0))
     ref = reference(step)
-    causal, _, _ = step.kernel_call(causal=True)
-    rows = [{**asdict(case), "setting": "causal (default settings)", "seconds": time_per_call(causal, device),
-             "scaled_err": None}]
+    calls = {"causal (default settings)": step.kernel_call(causal=True)[0]}
+    rows = {"causal (default settings)": {**asdict(case), "setting": "causal (default settings)", "scaled_err": None}}
     for name, options in SETTINGS.items():
         step.output.zero_()
         try:
             call, _, plan = step.kernel_call(causal=False, **options)
             call()
             err = _compare(step.output, step.rows, ref)["scaled_err"]
-            seconds = time_per_call(call, device)
-        except Exception as exc:  # noqa: BLE001 -- a setting that does not compile is recorded
-            rows.append({**asdict(case), "setting": name, "error": f"{type(exc).__name__}: {exc}"})
+        except Exception as exc:  # noqa: BLE001 -- a setting that does not compile or launch is recorded
+            rows[name] = {**asdict(case), "setting": name, "error": f"{type(exc).__name__}: {exc}"}
             continue
-        rows.append({**asdict(case), "setting": name, "seconds": seconds, "scaled_err": err,
-                     "exact": err <= TOLERANCE, "block_m": plan.block_m, "block_n": plan.block_n,
-                     "num_warps": plan.num_warps, "num_stages": plan.num_stages, "splits": plan.num_splits})
-    default = next(r["seconds"] for r in rows if r["setting"] == "default")
-    for r in rows:
+        calls[name] = call
+        rows[name] = {**asdict(case), "setting": name, "scaled_err": err, "exact": err <= TOLERANCE,
+                      "block_m": plan.block_m, "block_n": plan.block_n, "num_warps": plan.num_warps,
+                      "num_stages": plan.num_stages, "splits": plan.num_splits}
+    for name, seconds in time_side_by_side(calls, device).items():
+        rows[name]["seconds"] = seconds
+    default = rows["default"]["seconds"]
+    for r in rows.values():
         if "seconds" in r:
             r["over_default"] = r["seconds"] / default
-    return rows
+    return list(rows.values())
 
 
 def markdown(data: dict[str, Any]) -> str:

@@ -17,7 +17,9 @@ one launch::
   *split* of the request's keys.  Query heads that share a KV head are stacked as rows of
   the same tile (grouped-query attention reads each key tile once for the whole group).
 * **Online softmax** over key tiles of ``BLOCK_N`` positions; the context part needs no
-  mask, the tree part (the step's own nodes) reads each row's ancestor bits.
+  mask (its whole tiles are read with no bounds and their scores taken as they are; only the
+  context's last, partial tile is masked), the tree part (the step's own nodes) reads each
+  row's ancestor bits.  The block size is a compile-time constant (a shift, not a division).
 * **Flash-decoding split.**  A request's keys are cut into ``num_splits`` chunks handled by
   separate programs, so one request at 32k tokens still fills the GPU.  Each split writes
   its partial (max, sum, accumulator); the *last* split of a tile to finish (an atomic
@@ -54,6 +56,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+WIDE_MAX_SPLITS = 3    # 256-row tiles: at most this many splits of a request's keys ...
+WIDE_MIN_KEYS = 2048   # ... each of at least this many keys (H100, docs/bench/2026-11-26-gpu-check-2)
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,8 @@ class TreeAttentionPlan:
     #                           else gathered per key tile
     num_warps: int            # 4 for tiles of up to 64 rows x 128 dimensions, 8 for larger ones (registers)
     num_stages: int           # software pipelining depth of the key loop (Triton's default, 3)
+    mask_every_tile: bool     # bounds and score masks on every key tile, not only on the context's last
+    #                           one and the tree's (the GPU check's comparison)
     counters: torch.Tensor | None  # int32 [tiles]: splits finished per tile (0 between launches)
     part_out: torch.Tensor | None  # float32 [tiles, splits, block_m, block_d]
     part_stats: torch.Tensor | None  # float32 [tiles, splits, 2, block_m]: running max (log2 units), sum
@@ -164,17 +170,21 @@ class TreeAttentionPlan:
     def build(cls, rows: list[TreeRows], block_table: torch.Tensor, num_heads: int, num_kv_heads: int,
               head_size: int, *, causal: bool = False, num_splits: int | None = None, block_m: int | None = None,
               block_n: int | None = None, min_chunk: int = 256, gather_words: bool = False,
-              num_warps: int | None = None, num_stages: int = 3,
+              num_warps: int | None = None, num_stages: int = 3, mask_every_tile: bool = False,
               cache_dtype: torch.dtype | None = None) -> "TreeAttentionPlan":
         """``num_splits`` None: enough splits to give every SM about two programs (one split on a
         CPU), never chunks under ``min_chunk`` keys.  ``block_m`` None: the smallest of 16 / 32 /
         64 / 128 rows that holds a request's rows per KV head (128 only up to head size 128 and
         over a 16-bit ``cache_dtype``), so a key tile is read by as few query tiles as registers
-        and shared memory allow; ``block_n`` None: 64
-        keys per tile, 128 with 128-row tiles of a tree up to 128 nodes (the gathered ancestor
-        words of larger trees would take the shared memory past an A100's), 32 past head size 128
-        (bench/gpu_tile_sweep.py measured these on an H100).  ``gather_words``: read
-        the ancestor words per key tile even for small trees (the GPU check's comparison)."""
+        and shared memory allow; past 128 rows per KV head, 256 rows on 16 warps where that plan
+        still has long key loops (at most ``WIDE_MAX_SPLITS`` splits of at least ``WIDE_MIN_KEYS``
+        keys: with more or shorter splits the combine of the wide partials and the lost programs
+        cost more than the wide tiles save).  ``block_n`` None: 64 keys per tile, 128 with 128-row
+        tiles of a tree up to 128 nodes (the gathered ancestor words of larger trees would take the
+        shared memory past an A100's), 32 past head size 128.  bench/gpu_tile_sweep.py and the GPU
+        check's side-by-side columns measured these on an H100 (docs/bench/).  ``gather_words``:
+        read the ancestor words per key tile even for small trees; ``mask_every_tile``: bounds and
+        masks on every key tile (both the GPU check's comparisons)."""
         if not rows:
             raise ValueError("a tree-attention plan needs at least one request")
         if num_heads % num_kv_heads:
@@ -186,17 +196,14 @@ class TreeAttentionPlan:
         if min(tr.num_nodes - tr.first_node for tr in rows) < 1:
             raise ValueError("every request of a plan must have a row to compute")
         rows_m = Q * group
-        sixteen_bit = cache_dtype is not None and cache_dtype.itemsize <= 2
-        bm = block_m or (16 if rows_m <= 16 else 32 if rows_m <= 32 else
-                         128 if rows_m > 64 and head_size <= 128 and sixteen_bit else 64)
         few_words = not gather_words and max(tr.num_nodes for tr in rows) <= 128
-        bn = block_n or (32 if head_size > 128 else 128 if bm == 128 and few_words and sixteen_bit else 64)
+        longest = max(tr.context_len + tr.num_nodes for tr in rows)
+        programs = 2 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+        bm, bn, num_splits = tree_attention_tiles(rows_m, R * num_kv_heads, longest, head_size,
+                                         cache_dtype is not None and cache_dtype.itemsize <= 2, few_words, programs,
+                                         block_m=block_m, block_n=block_n, num_splits=num_splits, min_chunk=min_chunk)
         tiles_per_head = -(-rows_m // bm)
         tiles = R * num_kv_heads * tiles_per_head
-        longest = max(tr.context_len + tr.num_nodes for tr in rows)
-        if num_splits is None:
-            programs = 2 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-            num_splits = max(1, min(-(-programs // tiles), -(-longest // min_chunk)))
         chunk = -(-(-(-longest // num_splits)) // bn) * bn
         num_splits = -(-longest // chunk)
         meta = np.array([[tr.first_row, tr.num_nodes - tr.first_node, tr.context_len, tr.first_node, tr.table_row]
@@ -210,8 +217,29 @@ class TreeAttentionPlan:
             part_stats = torch.empty((tiles, num_splits, 2, bm), dtype=torch.float32, device=dev)
         return cls(torch.from_numpy(meta).to(dev), torch.from_numpy(bits).to(dev), block_table, R, Q, num_kv_heads,
                    group, head_size, bm, bn, tiles_per_head, num_splits, chunk, causal,
-                   few_words,
-                   num_warps or (4 if head_size <= 128 and bm <= 64 else 8), num_stages, counters, part_out, part_stats)
+                   few_words, num_warps or (16 if bm == 256 else 4 if head_size <= 128 and bm <= 64 else 8),
+                   num_stages, mask_every_tile,
+                   counters, part_out, part_stats)
+
+
+def tree_attention_tiles(rows_m: int, heads: int, longest: int, head_size: int, sixteen_bit: bool, few_words: bool,
+                         programs: int, *, block_m: int | None = None, block_n: int | None = None,
+                         num_splits: int | None = None, min_chunk: int = 256) -> tuple[int, int, int]:
+    """(rows per query tile, keys per key tile, splits) of a launch whose requests have up to
+    ``rows_m`` rows per KV head (query heads of a group stacked), ``heads`` (request, KV head)
+    pairs, up to ``longest`` keys, aiming at ``programs`` programs (see
+    :meth:`TreeAttentionPlan.build`; given values are kept)."""
+    def splits_for(tiles: int) -> int:
+        return num_splits or max(1, min(-(-programs // tiles), -(-longest // min_chunk)))
+
+    bm = block_m or (16 if rows_m <= 16 else 32 if rows_m <= 32 else
+                     128 if rows_m > 64 and head_size <= 128 and sixteen_bit else 64)
+    if block_m is None and bm == 128 and rows_m > 128 and few_words:
+        wide_splits = splits_for(heads * -(-rows_m // 256))
+        if wide_splits <= WIDE_MAX_SPLITS and longest >= WIDE_MIN_KEYS * wide_splits:
+            bm = 256
+    bn = block_n or (32 if head_size > 128 else 128 if bm == 128 and few_words and sixteen_bit else 64)
+    return bm, bn, splits_for(heads * -(-rows_m // bm))
 
 
 def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
@@ -232,11 +260,12 @@ def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         addressing.block_stride, addressing.head_stride, addressing.k_slot_stride, addressing.k_dim_stride,
         addressing.v_offset, addressing.v_slot_stride, addressing.v_dim_stride,
-        plan.block_table.stride(0), addressing.block_size, plan.num_kv_heads, plan.tiles_per_head, plan.chunk,
+        plan.block_table.stride(0), plan.num_kv_heads, plan.tiles_per_head, plan.chunk,
         plan.max_queries, plan.bits.shape[-1], plan.num_splits,
-        GROUP=plan.group, HEAD_DIM=plan.head_size, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
+        PAGE=addressing.block_size, GROUP=plan.group, HEAD_DIM=plan.head_size, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
         BLOCK_N=plan.block_n, SPLIT=split, CAUSAL=plan.causal, DOT_IEEE=_float32_dots(kv_cache.dtype),
-        FEW_WORDS=plan.few_words, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        FEW_WORDS=plan.few_words, MASK_ALL=plan.mask_every_tile, num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
     )
 
 
@@ -250,20 +279,31 @@ def _float32_dots(dtype: torch.dtype) -> bool:
 
 @triton.jit
 def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE, BITS, scale_log2,
-            c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page, max_q, words, w0, w1, w2, w3,
-            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
-            CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr, FEW_WORDS: tl.constexpr):
+            c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, max_q, words, w0, w1, w2, w3,
+            PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+            TREE: tl.constexpr, CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr, FEW_WORDS: tl.constexpr,
+            MASKED: tl.constexpr):
     """One key tile: positions ``start .. start + BLOCK_N`` (those below ``k_hi``) into the
-    running (max, sum, accumulator) of the tile's query rows."""
+    running (max, sum, accumulator) of the tile's query rows.  ``MASKED`` False: a context tile
+    wholly below ``k_hi`` -- no bounds on its loads and no mask on its scores."""
     pos = start + tl.arange(0, BLOCK_N)
     pos_ok = pos < k_hi
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    block = tl.load(BLOCK_TABLE + bt_row + pos // page, mask=pos_ok, other=0).to(tl.int64)
-    slot = (pos % page).to(tl.int64)
+    k_ptr = (d * k_dim)[:, None]
+    v_ptr = (d * v_dim)[None, :]
+    if MASKED:
+        block = tl.load(BLOCK_TABLE + bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+    else:
+        block = tl.load(BLOCK_TABLE + bt_row + pos // PAGE).to(tl.int64)
+    slot = (pos % PAGE).to(tl.int64)
     base = block * c_block + h * c_head
-    kt = tl.load(CACHE + (base + slot * k_slot)[None, :] + (d * k_dim)[:, None],
-                 mask=pos_ok[None, :] & d_ok[:, None], other=0.0)  # K^T [BLOCK_D, BLOCK_N]
+    k_ptr = CACHE + (base + slot * k_slot)[None, :] + k_ptr  # K^T [BLOCK_D, BLOCK_N]
+    v_ptr = CACHE + v_off + (base + slot * v_slot)[:, None] + v_ptr  # V [BLOCK_N, BLOCK_D]
+    if MASKED or HEAD_DIM != BLOCK_D:
+        kt = tl.load(k_ptr, mask=pos_ok[None, :] & d_ok[:, None], other=0.0)
+    else:
+        kt = tl.load(k_ptr)
     if DOT_IEEE:
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -283,16 +323,17 @@ def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, 
                 word = tl.load(BITS + ((r * max_q + qi) * words)[:, None] + (node_c // 32)[None, :],
                                mask=row_ok[:, None] & pos_ok[None, :], other=0)
             visible = ((word >> (node_c % 32)[None, :]) & 1) != 0
-        visible = visible & pos_ok[None, :]
-    else:
-        visible = pos_ok[None, :] & (qi >= 0)[:, None]
-    s = tl.where(visible, s, float("-inf"))
+        s = tl.where(visible & pos_ok[None, :], s, float("-inf"))
+    elif MASKED:
+        s = tl.where(pos_ok[None, :] & (qi >= 0)[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay at 0
     alpha = tl.exp2(m_i - m_ref)
     p = tl.exp2(s - m_ref[:, None])
-    v = tl.load(CACHE + v_off + (base + slot * v_slot)[:, None] + (d * v_dim)[None, :],
-                mask=pos_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+    if MASKED or HEAD_DIM != BLOCK_D:
+        v = tl.load(v_ptr, mask=pos_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptr)
     if DOT_IEEE:
         pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
     else:
@@ -308,10 +349,10 @@ def _tree_attention_kernel(
     scale_log2,
     q_tok, q_head, o_tok, o_head,
     c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim,
-    bt_stride, page, num_kv_heads, tiles_per_head, chunk, max_q, words, num_splits,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    bt_stride, num_kv_heads, tiles_per_head, chunk, max_q, words, num_splits,
+    PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr,
-    FEW_WORDS: tl.constexpr,
+    FEW_WORDS: tl.constexpr, MASK_ALL: tl.constexpr,
 ):
     tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -352,16 +393,22 @@ def _tree_attention_kernel(
         w1 = tl.load(w_row + 1, mask=row_ok & (words > 1), other=0)
         w2 = tl.load(w_row + 2, mask=row_ok & (words > 2), other=0)
         w3 = tl.load(w_row + 3, mask=row_ok & (words > 3), other=0)
-    for start in range(k_lo, ctx_hi, BLOCK_N):  # context keys: visible to every row
+    full_hi = k_lo + tl.maximum(ctx_hi - k_lo, 0) // BLOCK_N * BLOCK_N
+    for start in range(k_lo, full_hi, BLOCK_N):  # whole tiles of context keys: visible to every row
         acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, ctx_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
-                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page,
-                                max_q, words, w0, w1, w2, w3, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL, DOT_IEEE,
-                                FEW_WORDS)
+                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
+                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL,
+                                DOT_IEEE, FEW_WORDS, MASK_ALL)
+    for start in range(full_hi, ctx_hi, BLOCK_N):  # the context's last, partial tile
+        acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, ctx_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
+                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
+                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL,
+                                DOT_IEEE, FEW_WORDS, True)
     for start in range(tl.maximum(k_lo, ctx), k_hi, BLOCK_N):  # the step's nodes: the tree mask
         acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
-                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, page,
-                                max_q, words, w0, w1, w2, w3, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL, DOT_IEEE,
-                                FEW_WORDS)
+                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
+                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL,
+                                DOT_IEEE, FEW_WORDS, True)
     out_ptr = OUT + (row * o_tok + head * o_head)[:, None] + d[None, :]
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
