@@ -103,6 +103,14 @@ class LookaheadConfig(BaseModel):
         "was faster in 26 of 32 cells and slower in 4, docs/results.md); output is the same either way",
     )
 
+    price_host_work: bool = Field(
+        True,
+        description="with max_tokens_per_step 'auto': a step drafts only if its plan beats not "
+        "drafting with the host's proposal work (measured in this worker) priced in, and a batch "
+        "whose plans draft none of the candidates offered two steps running rests from proposing "
+        "for a growing number of steps (engine/step_timing.py); output is the same either way",
+    )
+
     @model_validator(mode="after")
     def _drafts_something(self) -> "LookaheadConfig":
         if self.window_size == 0 and self.guess_set_size == 0:

@@ -134,17 +134,29 @@ def test_warming_window_column_zero_is_free_and_candidates_need_the_lead():
     assert plan.candidates == 0  # no lead: no further candidates
 
 
+def test_a_step_drafts_only_if_its_plan_pays_the_hosts_fixed_work_too():
+    # ~0.8 ms per token on a 15 ms forward: four requests whose leads are right 30 % of the time
+    # pay for their forward rows, not once 3 ms of host work per drafting step is priced in;
+    # likely leads pay both.
+    cost = StepCost.linear(0.015, 0.0008)
+    weak, strong = [_opts(p=0.3, q=0.5)] * 4, [_opts(p=0.9, q=0.9)] * 4
+    assert any(p.lead for p in plan_step(weak, cost))
+    assert plan_step(weak, cost, host_seconds=0.003) == [DraftPlan()] * 4
+    assert plan_step(weak, cost, host_seconds=0.0) == plan_step(weak, cost)
+    assert plan_step(strong, cost, host_seconds=0.003) == plan_step(strong, cost)  # not cut: all or nothing
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 12), st.floats(0, 1), st.floats(0, 1), st.integers(0, 3),
                        st.floats(0, 2), st.integers(0, 4), st.floats(0, 1)), min_size=1, max_size=6),
-    st.floats(0.001, 0.05), st.floats(0, 0.005), st.floats(0, 0.005),
+    st.floats(0.001, 0.05), st.floats(0, 0.005), st.floats(0, 0.005), st.floats(0, 0.01),
 )
-def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row):
+def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row, host):
     options = [_opts(lead=l, p=p, q=q, cands=(3,) * c, cand_gain=g, cols=(2,) + (3,) * max(0, w - 1) if w else (),
                      col_gain=cg) for l, p, q, c, g, w, cg in reqs]
     cost = StepCost.linear(base, per_token, tree_row=per_row)
-    plans = plan_step(options, cost)
+    plans = plan_step(options, cost, host_seconds=host)
     n = len(options)
     expected, tokens, rows = float(n), n, 0
     for o, plan in zip(options, plans):
@@ -157,8 +169,9 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
         tokens += plan.lead + extra
         # window column 0 below a bare root (no lead) is a chain: no tree rows
         rows += extra - (o.window_column_rows[0] if plan.lead == 0 and plan.window_columns else 0)
-    # Every piece was added only if it raised expected tokens per second.
-    assert expected / cost.forward(tokens, rows) >= n / cost.forward(n) * (1 - 1e-9)
+    # Every piece was added only if it raised expected tokens per second, and a drafting step pays
+    # the host's work too.
+    assert expected / (cost.forward(tokens, rows) + (host if tokens > n else 0.0)) >= n / cost.forward(n) * (1 - 1e-9)
 
 
 # -- acceptance estimates ----------------------------------------------------------------------

@@ -224,3 +224,42 @@ def test_the_gate_is_there_only_when_asked_for(monkeypatch):
     assert _proposer("cpu", measure_drafting=True, max_tokens_per_step=24).owner.timing.gate is None
     monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
     assert _proposer("cpu", measure_drafting=True).owner.timing.gate is None
+
+
+def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposing():
+    # The prompt repeats, so the pools offer a lead every step; the host's work of a drafting step
+    # is priced far above anything a draft returns, so every plan drafts nothing: after two such
+    # steps the batch proposes nothing for a step (no lookups, no learning), then for two.
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
+    # free tokens: only the host's price says no; a 0.1 ms forward: proposing is a large share of it
+    p.owner.timing.cost = StepCost.linear(0.0001, 0.0)
+    p.owner.timing.host_seconds = lambda decoding: 1.0
+    cycle = [11, 12, 13, 14]
+    history = cycle * 3
+    _bind(p, {"a": history})
+    reasons = []
+    for k in range(7):
+        history = history + [cycle[k % 4]]
+        assert _step(p, [history]) == [[]]
+        reasons.append(p.owner.take_report()["undrafted"]["a"])
+    assert reasons == ["no_candidate", "no_candidate", "batch_full", "no_candidate", "no_candidate",
+                       "batch_full", "batch_full"]
+    p.owner.timing.host_seconds = lambda decoding: 0.0
+    history = history + [cycle[7 % 4]]
+    assert _step(p, [history]) != [[]]  # proposing again, with the rested steps' tokens caught up
+    assert p.owner.requests["a"].known == len(history)
+
+
+def test_steps_with_no_candidate_at_all_never_rest():
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
+    p.owner.timing.cost = StepCost.linear(0.020, 0.0)
+    history = [11, 12, 13, 14]
+    _bind(p, {"a": history})
+    for token in range(21, 27):  # novel text: the pools offer nothing
+        history = history + [token]
+        assert _step(p, [history]) == [[]]
+        assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"

@@ -274,10 +274,14 @@ def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
     return max(0.0, cheapest) / cost.chain_forward(base_tokens)
 
 
-def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None) -> list[DraftPlan]:
+def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None,
+              host_seconds: float = 0.0) -> list[DraftPlan]:
     """Each request's plan for the next forward (``None`` options: a request that cannot draft).
 
     ``base_tokens``: tokens the forward carries without drafts (default: one per request).
+    ``host_seconds``: what a step with any draft costs the host beyond the forward (its proposal):
+    a fixed price, so it decides the step as a whole -- the plan stands only if its expected
+    tokens per second, that price included, beat not drafting at all; else no request drafts.
     """
     n = len(options)
     tokens = float(n if base_tokens is None else base_tokens)
@@ -285,9 +289,13 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
     cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
                 and o.window_column_gain > 0) for o in options]
+    bare = step.expected / step.time
     lead = _plan_leads(options, cost, step)
     cands = _plan_branches(options, cost, step, lead, cols)
-    return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
+    plans = [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
+    if host_seconds > 0 and step.tokens > tokens and step.expected / (step.time + host_seconds) <= bare:
+        return [DraftPlan() for _ in range(n)]
+    return plans
 
 
 @dataclass

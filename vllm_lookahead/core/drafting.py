@@ -32,16 +32,18 @@ class DraftRequest:
     merge: bool | None = None  # trie-merge candidates sharing a prefix (None: the config's merge_candidates)
 
 
-def draft_step(requests: Sequence[DraftRequest], cost: StepCost | None, base_tokens: int | None = None) -> list[StepDraft]:
+def draft_step(requests: Sequence[DraftRequest], cost: StepCost | None, base_tokens: int | None = None,
+               host_seconds: float = 0.0) -> list[StepDraft]:
     """Each request's tree for the next forward, in order.  ``cost``: plan with the draft rule
     under this forward-cost model (``"auto"``), the forward carrying ``base_tokens`` tokens
-    without drafts (default: one per request); None: full trees within each request's room."""
+    without drafts (default: one per request), a drafting step's host work priced at
+    ``host_seconds``; None: full trees within each request's room."""
     if cost is None:
         return [r.state.build(r.candidates, candidates=None, window_columns=None if r.window else 0, merge=r.merge,
                               budget=r.room) for r in requests]
     if not requests:
         return []
     plans = plan_step([r.state.draft_options(r.candidates, window=r.window) for r in requests], cost,
-                      base_tokens=base_tokens)
+                      base_tokens=base_tokens, host_seconds=host_seconds)
     return [r.state.build(r.candidates, lead=p.lead, candidates=p.candidates, window_columns=p.window_columns,
                           merge=r.merge, budget=r.room) for r, p in zip(requests, plans)]

@@ -61,6 +61,7 @@ PER_ENGINE = {
     "max_pool_keys": "it bounds the memory of every request's pools",
     "max_tokens_per_step": "it sizes the whole batch's step, not one request's",
     "measure_drafting": "it times the whole batch's steps, not one request's",
+    "price_host_work": "it prices the whole batch's host work, not one request's",
 }
 
 _ON = {"on": True, "off": False}

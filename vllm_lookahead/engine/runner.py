@@ -211,9 +211,9 @@ class RunnerLookahead:
         budget = self.config.draft_budget(decoding)
         can_draft = budget != 0 and (budget is not None or self.timing.any_draft_pays(decoding))
         gated = budget is None and not self.timing.allow_drafts(t0, decoding, sampled_token_ids, can_draft)
-        can_draft = can_draft and not gated
-        skipped = "measured_slower" if gated else "batch_full"
         rule = budget is None and self.config.cost_rule  # the draft rule sizes this step
+        can_draft = can_draft and not gated and not (rule and self.timing.resting())
+        skipped = "measured_slower" if gated else "batch_full"
         floor = lead_floor(self.timing.model(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
         drafts: list[list[int]] = []
         wanted: list[tuple[int, str, DraftRequest, ThinkingLimit | None]] = []
@@ -231,10 +231,14 @@ class RunnerLookahead:
                 self.report.undrafted[req_id] = request
             else:
                 wanted.append((i, req_id, *request))
-        built = draft_step([w[2] for w in wanted], self.timing.model() if rule and wanted else None, base_tokens=decoding)
+        built = draft_step([w[2] for w in wanted], self.timing.model() if rule and wanted else None, base_tokens=decoding,
+                           host_seconds=self.timing.host_seconds(decoding))
         for (i, req_id, request, thinking), draft in zip(wanted, built):
             drafts[i] = self._emit(req_id, draft, request.room, thinking)
         seconds = time.perf_counter() - t0
+        if rule and can_draft:
+            self.timing.proposed(seconds, decoding, sum(1 for d in drafts if d),
+                                 offered=any(w[2].candidates.lead for w in wanted))
         self.stats.propose_seconds += seconds
         self.report.propose_seconds += seconds
         return drafts

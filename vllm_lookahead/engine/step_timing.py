@@ -8,6 +8,16 @@ for all ranks (:func:`.cost_profile.agree_across_ranks`) and is not refined, and
 out: every rank must build the same trees, so no decision may rest on one rank's timings.
 ``"measure_drafting": false`` or ``VLLM_LOOKAHEAD_DRAFT_GATE=0`` leave the gate out.
 
+Host work: a step with drafts costs the host its proposal (pool lookups, candidates, planning,
+trees), outside the step's clock; measured per decoding request over the steps that proposed, it
+is what :meth:`host_seconds` hands the draft rule as the fixed price of drafting at all
+(``"price_host_work"``, on by default).  Verification is inside the clock, so the cost model
+prices it already.  A batch whose plan drafted none of the candidates offered on two proposing
+steps running, where proposing costs at least ``REST_MIN_SHARE`` of the bare forward, *rests*:
+the next 1, 2, 4 ... up to ``MAX_REST`` steps propose nothing (no lookups; the pools catch up
+when the batch proposes again), the rest doubling each time it recurs and back to 1 after a step
+that drafted.  Neither under tensor parallelism, where every rank must plan alike.
+
 Clocks, in the order :class:`~.runner.RunnerLookahead`'s hooks run them: :meth:`step_started`
 (``_prepare_inputs``) -> :meth:`tree_rows` -> :meth:`step_sampled` (after sampling and
 verification: one observation of the cost model) -> :meth:`allow_drafts` (at the proposal:
@@ -29,6 +39,12 @@ from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.cost_profile import fallback_cost
 
 logger = logging.getLogger("vllm.lookahead")
+MAX_REST = 16  # steps: the longest rest from proposing (a rest never outlasts a short completion by much)
+HOST_DECAY = 0.95  # weight of the past per proposing step in the host price
+# A rest only where proposing costs at least this share of the batch's bare forward: a rest saves
+# the proposal and can miss a draft that would have paid, and where proposing is cheap (batch 1-4
+# on the 2-core CPU: 1-1.5 % of the step; docs/results.md, "Host work priced") there is little to save.
+REST_MIN_SHARE = 0.02
 
 
 class StepTiming:
@@ -43,6 +59,11 @@ class StepTiming:
         self._step: tuple[float, int, int] | None = None  # (start, tokens, tree rows) of this step
         self._proposal: tuple[float, bool] | None = None  # the last proposal's time and whether it drafted
         self._decode_step = False  # whether the step since that proposal was decode-only
+        self.price_host = config.cost_rule and config.price_host_work
+        self._host = (0.0, 0.0)  # decayed (proposal seconds, decoding requests) of proposing steps
+        self._quiet = 0  # proposing steps running whose plan drafted nothing
+        self._rest = 0  # steps left in the current rest
+        self._next_rest = 1
 
     def model(self) -> StepCost:
         """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
@@ -92,6 +113,41 @@ class StepTiming:
         allowed = not can_draft or self.gate.allow(decoding)
         self._proposal = (now, can_draft and allowed)
         return allowed
+
+    def host_seconds(self, decoding: int) -> float:
+        """The proposal's work for ``decoding`` requests, measured (0 when not priced or not
+        measured yet)."""
+        seconds, requests = self._host
+        if not self.price_host or self.frozen or requests <= 0:
+            return 0.0
+        return seconds / requests * decoding
+
+    def resting(self) -> bool:
+        """Whether this step proposes nothing (a rest after plans that drafted nothing)."""
+        if self._rest > 0:
+            self._rest -= 1
+            return True
+        return False
+
+    def proposed(self, seconds: float, decoding: int, drafted: int, offered: bool = True) -> None:
+        """A proposing step took ``seconds`` for ``decoding`` requests and gave ``drafted`` of them
+        drafts, the pools having ``offered`` a candidate or not: the proposal's price learns, and
+        two plans running that drafted nothing of what was offered start a rest (a step with no
+        candidate at all costs only its lookups, and the next step may have one)."""
+        if not self.price_host or self.frozen or decoding <= 0:
+            return  # under tensor parallelism no rank may decide from its own timings
+        s, n = self._host
+        self._host = (HOST_DECAY * s + seconds, HOST_DECAY * n + decoding)
+        if drafted:
+            self._quiet, self._next_rest = 0, 1
+            return
+        proposal = self._host[0] / self._host[1] * decoding
+        if not offered or proposal < REST_MIN_SHARE * self.model().forward(decoding):
+            return  # nothing to leave out, or a proposal too cheap for a rest to save much
+        self._quiet += 1
+        if self._quiet >= 2:
+            self._quiet, self._rest = 0, self._next_rest
+            self._next_rest = min(2 * self._next_rest, MAX_REST)
 
     def any_draft_pays(self, decoding: int) -> bool:
         """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's
