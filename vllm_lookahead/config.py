@@ -104,11 +104,13 @@ class LookaheadConfig(BaseModel):
     )
 
     price_host_work: bool = Field(
-        True,
-        description="with max_tokens_per_step 'auto': a step drafts only if its plan beats not "
+        False,
+        description="with max_tokens_per_step 'auto', opt-in: a step drafts only if its plan beats not "
         "drafting with the host's proposal work (measured in this worker) priced in, and a batch "
         "whose plans draft none of the candidates offered two steps running rests from proposing "
-        "for a growing number of steps (engine/step_timing.py); output is the same either way",
+        "for a growing number of steps (engine/step_timing.py; off by default: on a data-parallel toy "
+        "server it stopped one engine drafting, and it is unmeasured on a GPU); output is the same "
+        "either way",
     )
 
     @model_validator(mode="after")

@@ -232,7 +232,7 @@ def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposi
     # steps the batch proposes nothing for a step (no lookups, no learning), then for two.
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True)
     # free tokens: only the host's price says no; a 0.1 ms forward: proposing is a large share of it
     p.owner.timing.cost = StepCost.linear(0.0001, 0.0)
     p.owner.timing.host_seconds = lambda decoding: 1.0
@@ -255,7 +255,7 @@ def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposi
 def test_steps_with_no_candidate_at_all_never_rest():
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True)
     p.owner.timing.cost = StepCost.linear(0.020, 0.0)
     history = [11, 12, 13, 14]
     _bind(p, {"a": history})

@@ -9,13 +9,15 @@ import pytest
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.engine.step_timing import MAX_REST, StepTiming
 
+ON = LookaheadConfig(price_host_work=True)
+
 
 def _rests(timing: StepTiming, steps: int) -> list[bool]:
     return [timing.resting() for _ in range(steps)]
 
 
 def test_the_host_price_is_the_proposals_seconds_per_decoding_request():
-    timing = StepTiming(LookaheadConfig())
+    timing = StepTiming(ON)
     assert timing.host_seconds(16) == 0.0  # nothing measured yet: the forward alone
     timing.proposed(0.004, 16, drafted=3)
     assert timing.host_seconds(16) == pytest.approx(0.004)
@@ -31,7 +33,7 @@ def test_the_host_price_is_the_proposals_seconds_per_decoding_request():
 
 
 def test_plans_that_draft_nothing_twice_running_start_rests_that_double():
-    timing = StepTiming(LookaheadConfig())
+    timing = StepTiming(ON)
     timing.proposed(0.002, 8, drafted=0)
     assert _rests(timing, 2) == [False, False]  # one drafting-free plan is not enough
     timing.proposed(0.002, 8, drafted=0)
@@ -54,7 +56,7 @@ def test_plans_that_draft_nothing_twice_running_start_rests_that_double():
 
 
 def test_a_plan_without_any_candidate_does_not_count_towards_a_rest():
-    timing = StepTiming(LookaheadConfig())
+    timing = StepTiming(ON)
     for _ in range(4):
         timing.proposed(0.002, 8, drafted=0, offered=False)
     assert not any(_rests(timing, 4))
@@ -62,7 +64,7 @@ def test_a_plan_without_any_candidate_does_not_count_towards_a_rest():
 
 
 def test_no_rest_where_proposing_is_cheap_next_to_the_forward():
-    timing = StepTiming(LookaheadConfig())
+    timing = StepTiming(ON)
     forward = timing.model().forward(4)
     for _ in range(6):  # 1 % of the forward: a rest would save little and could miss a draft
         timing.proposed(0.01 * forward, 4, drafted=0)
@@ -73,7 +75,7 @@ def test_no_rest_where_proposing_is_cheap_next_to_the_forward():
 
 
 def test_off_it_prices_nothing_and_never_rests():
-    for config in (LookaheadConfig(price_host_work=False), LookaheadConfig(max_tokens_per_step=64)):
+    for config in (LookaheadConfig(), LookaheadConfig(price_host_work=True, max_tokens_per_step=64)):
         timing = StepTiming(config)
         for _ in range(4):
             timing.proposed(0.004, 16, drafted=0)

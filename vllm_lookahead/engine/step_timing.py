@@ -11,7 +11,7 @@ out: every rank must build the same trees, so no decision may rest on one rank's
 Host work: a step with drafts costs the host its proposal (pool lookups, candidates, planning,
 trees), outside the step's clock; measured per decoding request over the steps that proposed, it
 is what :meth:`host_seconds` hands the draft rule as the fixed price of drafting at all
-(``"price_host_work"``, on by default).  Verification is inside the clock, so the cost model
+(``"price_host_work"``, opt-in).  Verification is inside the clock, so the cost model
 prices it already.  A batch whose plan drafted none of the candidates offered on two proposing
 steps running, where proposing costs at least ``REST_MIN_SHARE`` of the bare forward, *rests*:
 the next 1, 2, 4 ... up to ``MAX_REST`` steps propose nothing (no lookups; the pools catch up
