@@ -77,12 +77,13 @@ def test_tree_attention_compiles(compiled_modules, arch, dtype, head_size, split
     ptr = SIGNATURE_TYPES[dtype]
     pointers = {"Q": ptr, "CACHE": ptr, "OUT": ptr, "BLOCK_TABLE": "*i32", "META": "*i32", "BITS": "*i32",
                 "PART_OUT": "*fp32", "PART_STATS": "*fp32", "COUNTERS": "*i32"}
-    block_n = 32 if head_size > 128 else 128 if block_m == 128 and few_words else 64
+    # the key tile and warps the plan takes for this query tile
+    block_n = module.tree_attention_tiles(block_m, 1, 1, head_size, dtype != "fp32", few_words, 1, block_m=block_m)[1]
     constants = dict(k_dim=1, v_dim=1, PAGE=16, GROUP=4, HEAD_DIM=head_size, BLOCK_D=head_size, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
                      CAUSAL=causal, DOT_IEEE=dtype == "fp32", FEW_WORDS=few_words,
                      MASK_ALL=False)
     compiled = compile_for(module._tree_attention_kernel, GPUTarget("cuda", arch, 32), pointers, constants,
-                           num_warps=16 if block_m == 256 else 4 if head_size <= 128 and block_m <= 64 else 8)
+                           num_warps=module.tile_warps(block_m, head_size))
     assert compiled.asm["cubin"] and ".target sm_%d" % arch in compiled.asm["ptx"]
     assert "cp.async" in compiled.asm["ptx"]  # the key loop's loads are pipelined
     assert compiled.metadata.shared <= SHARED_LIMIT_KB[arch] * 1024

@@ -225,22 +225,22 @@ def time_per_call(fn: Callable[[], object], device: torch.device, calls: int = 1
     synchronize(device)
     if warmup and (time.perf_counter() - start) / warmup > slow_s:
         calls, samples = 1, 3
-    per_call = []
-    for _ in range(samples):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            per_call.append(begin.elapsed_time(end) / 1e3 / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_call.append((time.perf_counter() - t0) / calls)
-    return statistics.median(per_call)
+    run = _repeated(fn, calls)
+    return statistics.median(_seconds(run, device) / calls for _ in range(samples))
+
+
+def _seconds(body: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``body``: between CUDA events on CUDA, wall time elsewhere."""
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        body()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    body()
+    return time.perf_counter() - t0
 
 
 def time_side_by_side(fns: dict[str, Callable[[], object]], device: torch.device, calls: int = 10,
@@ -251,28 +251,21 @@ def time_side_by_side(fns: dict[str, Callable[[], object]], device: torch.device
     calls without the host's launch cost, so a launch-bound call is timed by what it runs (a
     call that cannot be captured is timed eagerly, like :func:`time_per_call`); elsewhere wall
     time of eager calls."""
-    runs: dict[str, Callable[[], object]] = {}
+    runs: dict[str, Callable[[], object]] = {}  # each runs ``calls`` calls
     for name, fn in fns.items():
         for _ in range(warmup):
             fn()
         synchronize(device)
-        runs[name] = _captured(fn, calls) if device.type == "cuda" else fn
+        runs[name] = _captured(fn, calls) if device.type == "cuda" else _repeated(fn, calls)
     per_call: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(samples):
         for name, run in runs.items():
-            if device.type == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                run()
-                end.record()
-                end.synchronize()
-                per_call[name].append(begin.elapsed_time(end) / 1e3 / calls)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    run()
-                per_call[name].append((time.perf_counter() - t0) / calls)
+            per_call[name].append(_seconds(run, device) / calls)
     return {name: statistics.median(values) for name, values in per_call.items()}
+
+
+def _repeated(fn: Callable[[], object], calls: int) -> Callable[[], object]:
+    return lambda: [fn() for _ in range(calls)]
 
 
 def _captured(fn: Callable[[], object], calls: int) -> Callable[[], object]:
@@ -285,7 +278,7 @@ def _captured(fn: Callable[[], object], calls: int) -> Callable[[], object]:
                 fn()
     except Exception:  # noqa: BLE001 -- e.g. a host synchronisation inside fn: timed eagerly
         torch.cuda.synchronize()
-        return lambda: [fn() for _ in range(calls)]
+        return _repeated(fn, calls)
     return graph.replay
 
 

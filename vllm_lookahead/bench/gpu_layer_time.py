@@ -185,9 +185,8 @@ def measure_case(step: LayerStep, device: torch.device, launches: dict[str, Any]
                     "kernel_m64_gathered": step.kernel_call(causal=False, block_m=min(64, plan.block_m),
                                                             gather_words=True)[0]}
     if plan.block_m in (128, 256) and plan.max_queries * plan.group > 128:  # the other of the two wide tiles
-        other = 384 - plan.block_m
-        side_by_side["kernel_other_tile"] = step.kernel_call(causal=False, block_m=other,
-                                                             num_warps=16 if other == 256 else 8)[0]
+        other = 256 if plan.block_m == 128 else 128
+        side_by_side["kernel_other_tile"] = step.kernel_call(causal=False, block_m=other)[0]
     row = {**asdict(step.case), "tree_size": step.tree.size,
            "computed_rows": sum(tr.num_nodes - tr.first_node for tr in step.rows), "plan_build_s": plan_s,
            "block_m": plan.block_m, "notes": []}

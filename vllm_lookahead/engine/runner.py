@@ -236,7 +236,7 @@ class RunnerLookahead:
         for (i, req_id, request, thinking), draft in zip(wanted, built):
             drafts[i] = self._emit(req_id, draft, request.room, thinking)
         seconds = time.perf_counter() - t0
-        if rule and can_draft:
+        if rule and can_draft and self.timing.price_host:
             self.timing.proposed(seconds, decoding, sum(1 for d in drafts if d),
                                  offered=any(w[2].candidates.lead for w in wanted))
         self.stats.propose_seconds += seconds

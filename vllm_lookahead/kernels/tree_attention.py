@@ -150,7 +150,7 @@ class TreeAttentionPlan:
     causal: bool              # plain causal mask over the tree's node order (the baseline of the GPU check)
     few_words: bool           # trees of <= 128 nodes: each row's ancestor words read once into registers,
     #                           else gathered per key tile
-    num_warps: int            # 4 for tiles of up to 64 rows x 128 dimensions, 8 for larger ones (registers)
+    num_warps: int            # by the query tile (tile_warps): 4, 8, or 16 for 256 rows (registers)
     num_stages: int           # software pipelining depth of the key loop (Triton's default, 3)
     mask_every_tile: bool     # bounds and score masks on every key tile, not only on the context's last
     #                           one and the tree's (the GPU check's comparison)
@@ -217,7 +217,7 @@ class TreeAttentionPlan:
             part_stats = torch.empty((tiles, num_splits, 2, bm), dtype=torch.float32, device=dev)
         return cls(torch.from_numpy(meta).to(dev), torch.from_numpy(bits).to(dev), block_table, R, Q, num_kv_heads,
                    group, head_size, bm, bn, tiles_per_head, num_splits, chunk, causal,
-                   few_words, num_warps or (16 if bm == 256 else 4 if head_size <= 128 and bm <= 64 else 8),
+                   few_words, num_warps or tile_warps(bm, head_size),
                    num_stages, mask_every_tile,
                    counters, part_out, part_stats)
 
@@ -240,6 +240,12 @@ def tree_attention_tiles(rows_m: int, heads: int, longest: int, head_size: int, 
             bm = 256
     bn = block_n or (32 if head_size > 128 else 128 if bm == 128 and few_words and sixteen_bit else 64)
     return bm, bn, splits_for(heads * -(-rows_m // bm))
+
+
+def tile_warps(block_m: int, head_size: int) -> int:
+    """Warps of a program by its query tile (registers): 4 up to 64 rows x 128 dimensions, 16 for
+    256 rows, else 8."""
+    return 16 if block_m == 256 else 4 if head_size <= 128 and block_m <= 64 else 8
 
 
 def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
