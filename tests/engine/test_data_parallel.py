@@ -130,8 +130,12 @@ def traffic(servers, toy_model):
     prompts += [cycle_prompt(Path(toy_model), 24, start=100 + 37 * i) for i in range(CYCLES)]
     out: dict = {"start": scrape(dp.base)}
 
-    # Phase 1 (sequential, routed): one prompt on engine 0, then on engine 1.
-    probe = prompts[0]
+    # Phase 1 (sequential, routed): one prompt on engine 0, then on engine 1.  A copy-friendly
+    # probe: its first draft (the prompt's lead, priced by a fresh engine's cost model) is accepted
+    # whole, so the request's pools learn an output of several n-grams from that one step, however
+    # the cost model prices the next steps at batch 1 on the toy model (a forward of ~0.6 ms, where
+    # one slow step can price every draft out).
+    probe = cycle_prompt(Path(toy_model), 24, start=900)
     out["probe_reference"] = complete(reference.base, probe)
     runs = []
     for rank in (0, 1):
@@ -217,6 +221,12 @@ def test_shared_pool_is_per_engine(traffic):
     second = per_engine(on_second["after"], "vllm:lookahead_pool_ngrams")
     print(f"shared pool n-grams per engine: after the probe on engine 0 {first}, then on engine 1 {second} "
           f"(probes sent {on_first['attempts']} / {on_second['attempts']} times)")
+    for run in (on_first, on_second):
+        drafted = delta(run["before"], run["after"], "vllm:spec_decode_num_drafts_total")
+        undrafted = {reason: delta(run["before"], run["after"], "vllm:lookahead_undrafted_requests_total",
+                                   reason=reason)
+                     for reason in ("batch_full", "measured_slower", "no_candidate", "no_room")}
+        print(f"probe on engine {run['rank']}: drafted steps {drafted}, finished undrafted by reason {undrafted}")
     assert first["0"] > 0 and first["1"] == 0, first
     assert second["1"] > 0 and second["0"] == first["0"], second
 

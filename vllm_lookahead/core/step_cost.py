@@ -13,8 +13,9 @@ draft rule (:mod:`.draft_rule`) asks before every step:
   model at start-up, :mod:`vllm_lookahead.engine.cost_profile`; a file can supply
   them instead), extrapolated with the last segment's slope; ``scale`` and
   ``token_seconds`` are fitted to the real decode steps that carried no tree pass,
-  timed through sampling and verification (exponentially decayed least squares,
-  :class:`_ChainFit`), so they follow what the profile leaves out: ``scale`` what every
+  timed through sampling and verification (exponentially decayed least squares with a
+  prior that fades stale evidence back to the profile, :class:`_ChainFit`; each step
+  counted at most :data:`OUTLIER_RATIO` times its prediction), so they follow what the profile leaves out: ``scale`` what every
   step pays beyond it (inputs, sampling, a busy machine), ``token_seconds`` what each
   further token of a real step pays beyond it (attention over a real context, its
   logits row verified).  The profile alone can call tokens free: its dummy forward runs
@@ -37,6 +38,21 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+# A step counts at most this many times what the model predicts for it: one slow step (a code
+# path's first call, another process taking the core) moves the model no further than a step
+# 3x its prediction would, while a lasting change is followed within a few steps (each one may
+# triple the prediction).  Without it one 20 ms step among 0.6 ms ones (the toy test model's first
+# tree step) priced every later tree out, and nothing then measured trees again.
+OUTLIER_RATIO = 3.0
+# The per-token price beyond the profile is told apart from the scale only by steps of different
+# sizes; at batch 1 those are the drafted steps alone, so once drafts are priced out no new
+# evidence comes and an estimate pushed up by a few slow drafted steps would stay for good.  A
+# prior that the price is the profile's (0 beyond it), weighted like one 2- to 3-token step, lets the
+# decayed evidence fade back to the profile: some 30-100 undrafted steps later a draft is priced in
+# again and measured afresh.  Against steady evidence (drafted steps or batches of several
+# requests) it shifts the estimate by ~2 %.
+PER_TOKEN_PRIOR_WEIGHT = 2.0  # squared extra tokens
 
 
 @dataclass
@@ -126,6 +142,7 @@ class StepCost:
         """A decode step of ``tokens`` tokens (``tree_rows`` in branching trees) took ``seconds``."""
         if tokens < 1 or seconds <= 0:
             return
+        seconds = min(seconds, OUTLIER_RATIO * self.forward(tokens, tree_rows))
         d = self.decay
         if tree_rows <= 0:
             self._fit.add(self.chain(tokens), tokens - 1, seconds, d)
@@ -166,7 +183,8 @@ class StepCost:
 class _ChainFit:
     """Real chain-step times on the profile: ``seconds ~ scale * chain + per_token * extra``
     (``extra`` = tokens after the first), by least squares over exponentially decayed sums,
-    with ``per_token >= 0`` and ``scale > 0``.  Until steps of different sizes tell the two
+    with ``per_token >= 0`` and ``scale > 0`` and a prior ``per_token = 0`` of weight
+    :data:`PER_TOKEN_PRIOR_WEIGHT` (ridge regression).  Until steps of different sizes tell the two
     apart (or when the unconstrained fit breaks a bound) ``per_token`` is 0 and ``scale`` the
     ratio of measured to profiled time, as a scale-only model would have it."""
 
@@ -190,8 +208,9 @@ class _ChainFit:
     def _solve(self) -> tuple[float, float]:
         if self.cc <= 0:
             return 1.0, 0.0
-        det = self.cc * self.ee - self.ce * self.ce
-        if self.ee > 0 and det > 1e-9 * self.cc * self.ee:  # sizes varied enough to separate the two
+        ee = self.ee + PER_TOKEN_PRIOR_WEIGHT  # the prior per_token = 0 (ridge)
+        det = self.cc * ee - self.ce * self.ce
+        if self.ee > 0 and det > 1e-9 * self.cc * ee:  # sizes varied enough to separate the two
             per_token = (self.cc * self.ye - self.ce * self.yc) / det
             scale = (self.yc - per_token * self.ce) / self.cc
             if per_token >= 0 and scale > 0:
