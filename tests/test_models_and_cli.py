@@ -94,7 +94,10 @@ def test_cli_serve_logs_the_allocator_it_preloads(execs, monkeypatch, capsys):
     import ctypes.util
 
     monkeypatch.setattr(ctypes.util, "find_library", {"jemalloc": "libjemalloc.so.2"}.get)
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    # serve sets LD_PRELOAD in this process before it execs (mocked here): set first so that the
+    # undo removes it again, else later tests' subprocesses inherit it
+    monkeypatch.setenv("LD_PRELOAD", "")
+    monkeypatch.delenv("LD_PRELOAD")
     monkeypatch.delenv("VLLM_LOOKAHEAD_ALLOCATOR", raising=False)
     cli.main(["serve", "--port", "8123"])
     err = capsys.readouterr().err.splitlines()
