@@ -108,9 +108,17 @@ class LookaheadConfig(BaseModel):
         description="with max_tokens_per_step 'auto', opt-in: a step drafts only if its plan beats not "
         "drafting with the host's proposal work (measured in this worker) priced in, and a batch "
         "whose plans draft none of the candidates offered two steps running rests from proposing "
-        "for a growing number of steps (engine/step_timing.py; off by default: on a data-parallel toy "
-        "server it stopped one engine drafting, and it is unmeasured on a GPU); output is the same "
+        "for a growing number of steps (engine/step_timing.py; off by default: a second side-by-side "
+        "run did not repeat the first's gain, and it is unmeasured on a GPU); output is the same "
         "either way",
+    )
+
+    price_verification: bool = Field(
+        True,
+        description="with max_tokens_per_step 'auto': a request drafts only where its draft pays the "
+        "host time verifying its tree takes (its target distributions and the walk; measured in this "
+        "worker for greedy and sampled requests apart, not under tensor parallelism), a fixed price "
+        "per drafting request whatever the draft's size; output is the same either way",
     )
 
     @model_validator(mode="after")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -145,8 +147,10 @@ def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
 
 
 # -- the rule -------------------------------------------------------------------------------
-def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1) -> DraftOptions:
-    return DraftOptions(tuple(p * q ** i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain)
+def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1,
+          fixed=0.0) -> DraftOptions:
+    return DraftOptions(tuple(p * q ** i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain,
+                        fixed_seconds=fixed)
 
 
 FREE = StepCost.linear(0.010, 0.0)  # every token free: a GPU far below its knee
@@ -195,19 +199,39 @@ def test_a_step_drafts_only_if_its_plan_pays_the_hosts_fixed_work_too():
     assert plan_step(strong, cost, host_seconds=0.003) == plan_step(strong, cost)  # not cut: all or nothing
 
 
-@settings(max_examples=200, deadline=None)
+def test_a_request_drafts_only_where_its_draft_pays_the_price_of_verifying_its_tree():
+    """Verifying a sampled request's tree costs the host a fixed time whatever its size: a one-token
+    draft likely to be accepted pays its forward row, not that price; a long likely lead pays
+    both; a request priced out leaves the others' plans as they were."""
+    cost = StepCost.linear(0.035, 0.0008)  # 32 in flight on the 2-core CPU: ~61 ms a step
+    others = [None] * 30  # requests with nothing to draft
+    one_token = _opts(lead=1, p=0.6, cands=(), cols=())
+    long_lead = _opts(lead=12, p=0.95, q=0.97, cands=(), cols=())
+    assert plan_step([*others, one_token, one_token], cost)[-1].lead == 1
+    priced = replace(one_token, fixed_seconds=0.003)
+    assert plan_step([*others, priced, priced], cost)[-2:] == [DraftPlan()] * 2
+    assert plan_step([*others, one_token, replace(long_lead, fixed_seconds=0.003)], cost)[-1].lead > 4
+    free = plan_step([*others, long_lead, one_token], cost)
+    mixed = plan_step([*others, long_lead, priced], cost)
+    assert mixed[-1] == DraftPlan() and mixed[-2].lead >= free[-2].lead
+    column = _opts(lead=0, cands=(), cols=(3, 4, 4), col_gain=0.2)  # no lead: the window's pieces pay it
+    assert plan_step([column], StepCost.linear(0.060, 0.0))[0].window_columns == 3
+    assert plan_step([replace(column, fixed_seconds=0.05)], StepCost.linear(0.060, 0.0)) == [DraftPlan()]
+
+
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.integers(0, 12), st.floats(0, 1), st.floats(0, 1), st.integers(0, 3),
-                       st.floats(0, 2), st.integers(0, 4), st.floats(0, 1)), min_size=1, max_size=6),
+                       st.floats(0, 2), st.integers(0, 4), st.floats(0, 1), st.floats(0, 0.01)), min_size=1, max_size=6),
     st.floats(0.001, 0.05), st.floats(0, 0.005), st.floats(0, 0.005), st.floats(0, 0.01),
 )
 def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row, host):
     options = [_opts(lead=l, p=p, q=q, cands=(3,) * c, cand_gain=g, cols=(2,) + (3,) * max(0, w - 1) if w else (),
-                     col_gain=cg) for l, p, q, c, g, w, cg in reqs]
+                     col_gain=cg, fixed=f) for l, p, q, c, g, w, cg, f in reqs]
     cost = StepCost.linear(base, per_token, tree_row=per_row)
     plans = plan_step(options, cost, host_seconds=host)
     n = len(options)
-    expected, tokens, rows = float(n), n, 0
+    expected, tokens, rows, fixed = float(n), n, 0, 0.0
     for o, plan in zip(options, plans):
         assert 0 <= plan.lead <= o.lead and plan.candidates <= len(o.candidate_rows)
         assert plan.window_columns <= len(o.window_column_rows)
@@ -216,11 +240,13 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
         expected += plan.candidates * o.candidate_gain + plan.window_columns * o.window_column_gain
         extra = sum(o.candidate_rows[: plan.candidates]) + sum(o.window_column_rows[: plan.window_columns])
         tokens += plan.lead + extra
+        fixed += o.fixed_seconds if plan.lead + extra > 0 else 0.0  # a request with a tree to verify
         # window column 0 below a bare root (no lead) is a chain: no tree rows
         rows += extra - (o.window_column_rows[0] if plan.lead == 0 and plan.window_columns else 0)
     # Every piece was added only if it raised expected tokens per second, and a drafting step pays
-    # the host's work too.
-    assert expected / (cost.forward(tokens, rows) + (host if tokens > n else 0.0)) >= n / cost.forward(n) * (1 - 1e-9)
+    # the host's work and each drafting request's verification too.
+    spent = cost.forward(tokens, rows) + fixed + (host if tokens > n else 0.0)
+    assert expected / spent >= n / cost.forward(n) * (1 - 1e-9)
 
 
 # -- acceptance estimates ----------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_window_alone_discovers_ngrams():
     prompt = [3, 1]  # only the entry of the cycle: nothing to copy from
     output, lookahead, run = simulate(params, prompt, oracle, 150, seed=5)
     assert output == greedy_reference(oracle, prompt, 150)
-    assert len(lookahead.pool) > 0
+    assert len(lookahead.text.pool) > 0
     assert run.tokens_per_step > 3.0
 
 
@@ -260,7 +260,7 @@ def test_lossless_for_any_parameters_and_truncation(
     cost = None if per_token is None else StepCost.linear(0.02, per_token)
     output, lookahead, run = simulate(params, prompt, oracle, 25, seed=oracle_seed, choose_run=random_prefix, cost=cost)
     assert output == greedy_reference(oracle, prompt, 25)
-    assert lookahead.pool.num_keys <= 3
+    assert lookahead.text.pool.num_keys <= 3
     assert lookahead.window is None or lookahead.window.filled <= ngram - 1
     if not width:
         assert Source.WINDOW not in run.sources
@@ -270,9 +270,9 @@ def test_propose_puts_candidates_first_then_the_window():
     params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False,
                              merge_candidates=False)
     lookahead = RequestLookahead(params, [9, 9], seed=0)
-    lookahead.pool.add((5, 1, 2))
-    lookahead.pool.add((5, 1, 3))
-    lookahead.pool.add((6, 7, 7))
+    lookahead.text.pool.add((5, 1, 2))
+    lookahead.text.pool.add((5, 1, 3))
+    lookahead.text.pool.add((6, 7, 7))
     draft = draft_one(lookahead, 5)
     tree = draft.tree
     tree.validate()
@@ -291,8 +291,8 @@ def test_propose_puts_candidates_first_then_the_window():
         [9, 9],
         seed=0,
     )
-    merged.pool.add((5, 1, 2))
-    merged.pool.add((5, 1, 3))
+    merged.text.pool.add((5, 1, 2))
+    merged.text.pool.add((5, 1, 3))
     tree = draft_one(merged, 5).tree
     assert tree.tokens[:4].tolist() == [5, 1, 3, 2]
     assert tree.parents[:4].tolist() == [-1, 0, 1, 1]
@@ -316,8 +316,8 @@ def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
     lookahead = RequestLookahead(params, [1, 2, 3], seed=0)
     while not lookahead.window.full:
         lookahead.window.update(np.array([1, 2, 3]), 0, [])
-    lookahead.pool.add((0, 1, 2, 3))
-    lookahead.pool.add((0, 4, 5, 6))
+    lookahead.text.pool.add((0, 1, 2, 3))
+    lookahead.text.pool.add((0, 4, 5, 6))
     draft = draft_one(lookahead, 0)
     assert draft.tree.size - 1 == params.max_draft_tokens
 
@@ -328,10 +328,10 @@ def test_observe_learns_output_ngrams_incrementally():
     draft = draft_one(lookahead, 2)
     argmax = np.array([8])
     lookahead.observe(draft, 1, argmax, [8], [1, 2, 8])
-    assert lookahead.pool.get(1, 5) == [(2, 8)]
+    assert lookahead.text.pool.get(1, 5) == [(2, 8)]
     draft = draft_one(lookahead, 8)
     lookahead.observe(draft, draft.tree.size, np.array([9] * draft.tree.size), [9], [1, 2, 8, 9])
-    assert (8, 9) in lookahead.pool.get(2, 5)
+    assert (8, 9) in lookahead.text.pool.get(2, 5)
 
     silent = RequestLookahead(
         LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False,
@@ -340,7 +340,7 @@ def test_observe_learns_output_ngrams_incrementally():
         seed=0,
     )
     silent.observe(draft_one(silent, 2), 1, np.array([8]), [8], [1, 2, 8])
-    assert silent.pool.get(1, 5) == []
+    assert silent.text.pool.get(1, 5) == []
 
 
 def test_observe_shifts_the_window_by_the_accepted_draft_count():
@@ -387,18 +387,18 @@ def test_observe_only_reads_the_tail_of_the_history():
     argmax = np.zeros(draft.tree.size, dtype=np.int64)
     lookahead.observe(draft, draft.tree.size, argmax, [8, 9], history)
     assert history.lowest_read >= len(history) - (2 + params.lookup_context + params.ngram_size - 2)
-    assert lookahead.pool.get(1000 - 1, 2) == [(7, 8, 9)]
+    assert lookahead.text.pool.get(1000 - 1, 2) == [(7, 8, 9)]
 
 
 def test_reset_keeps_the_pool_and_rewinds_the_window():
     oracle = periodic_oracle(PERIOD)
     _, lookahead, _ = simulate(LookaheadConfig(ngram_size=4), PERIOD, oracle, 30)
-    pool_size = len(lookahead.pool)
+    pool_size = len(lookahead.text.pool)
     assert lookahead.window.full
     lookahead.reset([4, 4])
     assert lookahead.window.filled == 1
     assert set(lookahead.window.levels[0][1:].tolist()) == {4}
-    assert len(lookahead.pool) == pool_size
+    assert len(lookahead.text.pool) == pool_size
 
 
 def test_observe_validates_its_inputs():
@@ -452,7 +452,7 @@ def test_candidates_fill_the_budget_in_order_before_the_window():
     params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
-        lookahead.pool.add(ngram)
+        lookahead.text.pool.add(ngram)
     draft = draft_one(lookahead, 5, [5], budget=5)  # two candidates of 2 tokens; the window needs 2
     assert draft.num_candidates == 2 and draft.window_nodes.size == 0
     assert draft.tree.tokens[1:].tolist() == [6, 7, 3, 4]  # most recent first
@@ -465,10 +465,10 @@ def test_longer_context_candidates_come_first():
     prompt = [9, 5, 1, 1, 0, 8, 5, 2, 2]
     one = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
     two = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
-    assert one.candidates([9, 5]) == [(2, 2), (1, 1)]  # by the last token only: most recent first
-    assert two.candidates([9, 5]) == [(1, 1), (2, 2)]  # "9 5" matched first
-    assert two.candidates([8, 5]) == [(2, 2), (1, 1)]
-    assert two.candidates([7, 5]) == [(2, 2), (1, 1)]  # no 2-token match: falls back
+    assert one.text.candidates([9, 5]) == [(2, 2), (1, 1)]  # by the last token only: most recent first
+    assert two.text.candidates([9, 5]) == [(1, 1), (2, 2)]  # "9 5" matched first
+    assert two.text.candidates([8, 5]) == [(2, 2), (1, 1)]
+    assert two.text.candidates([7, 5]) == [(2, 2), (1, 1)]  # no 2-token match: falls back
 
 
 def test_context_pools_learn_output_incrementally():
@@ -477,9 +477,9 @@ def test_context_pools_learn_output_incrementally():
     text = [4, 5, 6, 7, 4, 5, 6, 8]
     for end in range(1, len(text) + 1):
         lookahead.catch_up(text[:end])
-    assert lookahead.candidates([4, 5, 6]) == [(7, 4)]
-    assert lookahead.candidates([5, 6, 7, 4]) == [(5, 6)]
-    assert lookahead.candidates([6, 7, 4, 5]) == [(6, 8), (6, 7)]
+    assert lookahead.text.candidates([4, 5, 6]) == [(7, 4)]
+    assert lookahead.text.candidates([5, 6, 7, 4]) == [(5, 6)]
+    assert lookahead.text.candidates([6, 7, 4, 5]) == [(6, 8), (6, 7)]
 
 
 def test_recent_shorter_than_the_lookup_context_is_used_whole():
@@ -527,7 +527,7 @@ def test_per_step_work_does_not_grow_with_history_or_pool(length):
 
 
 def _pool_tables(lookahead: RequestLookahead) -> list[dict]:
-    return [{k: list(v) for k, v in pool._table.items()} for pool in lookahead._text_pools()]
+    return [{k: list(v) for k, v in pool._table.items()} for pool in lookahead.text.pools()]
 
 
 @settings(max_examples=60, deadline=None)
@@ -549,7 +549,7 @@ def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts,
         every.catch_up(history)
     for end in sorted(set(c for c in cuts if c <= len(text))) + [len(text)]:
         bursts.catch_up(history[: len(prompt) + end])
-    assert bursts.known == every.known == len(history)
+    assert bursts.text.known == every.text.known == len(history)
     assert _pool_tables(bursts) == _pool_tables(every)
     bursts.catch_up(history)  # nothing new: a no-op
     assert _pool_tables(bursts) == _pool_tables(every)
@@ -568,10 +568,10 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
     # and the lead may grow to 6 by asking the pools again after what it drafted.
     params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], seed=0)
-    assert lookahead.lead_candidate((2, 3), [0, 1], 6) == (2, 3, 4, 5, 6, 7)
-    assert lookahead.lead_candidate((2, 3), [0, 1], 1) == (2,)
-    assert lookahead.lead_candidate((8, 9), [6, 7], 6) == (8, 9, 0, 1, 2, 3)
-    assert lookahead.lead_candidate((11, 12), [0, 1], 6) == (11, 12)  # 12 never seen: nothing to add
+    assert lookahead.text.lead_candidate((2, 3), [0, 1], 6) == (2, 3, 4, 5, 6, 7)
+    assert lookahead.text.lead_candidate((2, 3), [0, 1], 1) == (2,)
+    assert lookahead.text.lead_candidate((8, 9), [6, 7], 6) == (8, 9, 0, 1, 2, 3)
+    assert lookahead.text.lead_candidate((11, 12), [0, 1], 6) == (11, 12)  # 12 never seen: nothing to add
     # Under the draft rule the lead is offered whole (the rule cuts it where its tokens stop paying).
     assert lookahead.step_candidates(1, [0, 1]).lead == (2, 3, 4, 5, 6, 7)
     # Under a fixed cap it starts at N - 1 and doubles while accepted in full.
@@ -598,7 +598,7 @@ def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
     params = LookaheadConfig(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2, 3), (5, 4, 4, 4)):
-        lookahead.pool.add(ngram)
+        lookahead.text.pool.add(ngram)
     draft = draft_one(lookahead, 5, [5], budget=2)
     assert draft.tree.tokens[1:].tolist() == [4, 4] and draft.lead_tokens == 2 and draft.num_candidates == 1
     draft = draft_one(lookahead, 5, [5], budget=5)  # the second candidate (3 tokens) does not fit whole
@@ -611,7 +611,7 @@ def test_max_candidates_one_without_window_is_a_chain():
     params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
-        lookahead.pool.add(ngram)
+        lookahead.text.pool.add(ngram)
     draft = draft_one(lookahead, 5, [5], window=False, max_candidates=1)
     assert draft.tree.tokens.tolist() == [5, 6, 7] and draft.num_candidates == 1
     assert draft.window_nodes.size == 0

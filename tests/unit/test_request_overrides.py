@@ -263,9 +263,9 @@ def test_off_gets_no_draft_and_no_work_beside_requests_that_draft():
                        "b": (text + [1], {"lookahead": "on"})})
     assert drafts["off"] == [] and drafts["a"] and drafts["b"] == drafts["a"]
     assert p.owner.report.undrafted == {"off": "request"}
-    off = p.owner.requests["off"]
-    assert off.window is None and off.pool_ngrams == 0 and off.shared is None  # learns nothing
-    assert p.owner.requests["a"].window is not None
+    off = p.owner.live.state("off")
+    assert off.window is None and off.text.pool_ngrams == 0 and off.text.shared is None  # learns nothing
+    assert p.owner.live.state("a").window is not None
 
 
 def test_the_worker_builds_each_state_from_its_request():
@@ -277,12 +277,12 @@ def test_the_worker_builds_each_state_from_its_request():
         "private": (text + [1], {"lookahead_shared_pool": 0}),  # JSON false over HTTP
         "no_prompt_pool": (text + [1], {"lookahead_pool_from_prompt": False, "lookahead_seed": 9}),
     })
-    states = p.owner.requests
-    assert states["default"].params is p.owner.config and states["default"].shared is p.owner.shared is not None
+    states = {r: p.owner.live.state(r) for r in ("default", "no_window", "private", "no_prompt_pool")}
+    assert states["default"].params is p.owner.config and states["default"].text.shared is p.owner.shared is not None
     assert states["no_window"].window is None and states["no_window"].params.window_size == 0
-    assert states["private"].shared is None and states["private"].params.shared_pool is False
+    assert states["private"].text.shared is None and states["private"].params.shared_pool is False
     assert states["no_prompt_pool"].params.seed == 9 and not states["no_prompt_pool"].params.pool_from_prompt
-    assert states["no_prompt_pool"].pool_ngrams < states["default"].pool_ngrams / 4  # the output tail only
+    assert states["no_prompt_pool"].text.pool_ngrams < states["default"].text.pool_ngrams / 4  # the output tail only
     # the prompt's n-grams draft for the default request; without them nothing is known yet
     assert drafts["default"] and drafts["no_window"]
     assert len(drafts["no_window"]) < len(drafts["default"])  # candidates only, no window columns
@@ -297,7 +297,7 @@ def test_keys_that_reach_the_worker_unchecked_never_stop_it(caplog):
         drafts = _step(p, {"bad": (text + [1], {"lookahead_window_size": 99}),
                            "bad_switch": (text + [1], {"lookahead": "maybe"})})
     assert drafts["bad"] and drafts["bad_switch"]
-    assert p.owner.requests["bad"].params is p.owner.config
+    assert p.owner.live.state("bad").params is p.owner.config
     assert any("lookahead_window_size = 99" in r.getMessage() for r in caplog.records)
 
 

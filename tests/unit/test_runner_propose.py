@@ -63,7 +63,7 @@ def test_under_the_rule_a_batch_too_full_to_draft_skips_learning():
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
-    assert p.owner.requests == {} and p.owner.pending == {}
+    assert len(p.owner.live) == 0
     p.owner.timing.cost = StepCost.linear(0.020, 0.0)  # free tokens: both draft (lead first, then more)
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
     assert all(d[:2] == [8, 9] for d in drafts)
@@ -77,11 +77,11 @@ def test_a_batch_too_full_to_draft_skips_learning_and_catches_up_later():
     for token in (7, 8, 9, 7, 8):  # two requests decoding: share (3 - 2) // 2 = 0 drafts each
         a, b = a + [token], b + [token]
         assert _step(p, [a, b]) == [[], []]
-    assert p.owner.requests == {} and p.owner.pending == {}  # no per-request work while nothing can be drafted
+    assert len(p.owner.live) == 0  # no per-request work while nothing can be drafted
     _bind(p, {"a": prompts["a"]})  # "b" finished: "a" alone may draft (3 - 1) // 1 = 2 nodes
     a = a + [9]
     assert _step(p, [a]) == [[7, 8]]  # learnt "9 7 8" from the tokens it had skipped
-    assert p.owner.requests["a"].known == len(a)
+    assert p.owner.live.state("a").text.known == len(a)
 
 
 
@@ -105,7 +105,7 @@ def test_auto_with_cpu_costs_drafts_one_confident_chain_and_no_tree():
     lengths = []
     for _ in range(4):
         (draft,) = p.propose([new], np.array([len(history)]), np.array([history]))
-        pending = p.owner.pending["a"]
+        pending = p.owner.live.draft("a")
         # no window node either (a window at its first level may run column 0, which is the root)
         assert pending.num_candidates == 1 and pending.tree.size == 1 + pending.lead_tokens
         assert len(draft) == pending.tree.size - 1 == pending.lead_tokens
@@ -114,8 +114,8 @@ def test_auto_with_cpu_costs_drafts_one_confident_chain_and_no_tree():
         nxt = cycle.index(history[-1]) + 1
         new = [cycle[(nxt + k) % 10] for k in range(len(draft) + 1)]
         assert new[:-1] == draft  # all accepted, plus the bonus token
-        p.owner.outcomes["a"] = StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1),
-                                              np.arange(1, len(draft) + 1))  # the whole chain
+        p.owner.live.set_outcome("a", StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1),
+                                                   np.arange(1, len(draft) + 1)))  # the whole chain
         history = history + new
     # a confident lead from the start, then the whole lead (max_lead_tokens = 32) once it was right
     assert 8 <= lengths[0] < 32 and lengths[1:] == [32, 32, 32]
@@ -130,7 +130,7 @@ def test_initial_window_depends_on_the_prompt_not_on_the_request_id():
         p = _proposer("cpu", max_tokens_per_step=0, seed=seed)
         _bind(p, {req_id: tokens})
         _step(p, [tokens + [tokens[0]]])
-        return p.owner.requests[req_id].window.levels[0].tolist()
+        return p.owner.live.state(req_id).window.levels[0].tolist()
 
     same = first_level("0-1a2b3c4d", prompt)
     assert first_level("7-ffffeeee", prompt) == same
@@ -189,7 +189,7 @@ def test_where_drafting_was_measured_slower_the_batch_is_not_drafted():
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
-    assert owner.requests == {} and owner.pending == {}
+    assert len(owner.live) == 0
     assert owner.report.undrafted == {"a": "measured_slower", "b": "measured_slower"}
     assert gate.ratio(2) == pytest.approx(2 / 3)
 
@@ -249,7 +249,7 @@ def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposi
     p.owner.timing.host_seconds = lambda decoding: 0.0
     history = history + [cycle[7 % 4]]
     assert _step(p, [history]) != [[]]  # proposing again, with the rested steps' tokens caught up
-    assert p.owner.requests["a"].known == len(history)
+    assert p.owner.live.state("a").text.known == len(history)
 
 
 def test_steps_with_no_candidate_at_all_never_rest():

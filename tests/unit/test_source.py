@@ -50,7 +50,7 @@ def test_window_ngrams_are_credited_to_the_window_until_the_text_has_them():
     draft = draft_one(req, 7, [1, 2, 7])
     argmax = np.full(draft.tree.size, 4, dtype=np.int64)
     req.observe(draft, draft.tree.size, argmax, [4], [1, 2, 7, 4])
-    window_ngrams = [(v, s) for key in range(10) for v, s in req.pool.get_sourced(key, 10) if s == Source.WINDOW]
+    window_ngrams = [(v, s) for key in range(10) for v, s in req.text.pool.get_sourced(key, 10) if s == Source.WINDOW]
     assert window_ngrams, "the full window produced n-grams"
 
 

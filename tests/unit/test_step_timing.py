@@ -80,3 +80,36 @@ def test_off_it_prices_nothing_and_never_rests():
         for _ in range(4):
             timing.proposed(0.004, 16, drafted=0)
         assert timing.host_seconds(16) == 0.0 and not any(_rests(timing, 4))
+
+
+def test_each_verified_tree_prices_its_kind_and_leaves_the_forwards_clock(monkeypatch):
+    """A tree's verification (greedy and sampled apart) is the draft rule's fixed price per
+    drafting request; the step's clock, which prices rows, no longer carries it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_lookahead.core.step_cost import StepCost
+    from vllm_lookahead.engine import step_timing
+
+    timing = StepTiming(LookaheadConfig())
+    assert timing.verify_seconds(True) == timing.verify_seconds(False) == 0.0  # nothing measured yet
+    timing.cost = StepCost.linear(0.010, 0.001)
+    seen = []
+    monkeypatch.setattr(StepCost, "observe", lambda self, tokens, rows, seconds: seen.append(seconds))
+    clock = iter([100.0, 100.020])  # the step: 20 ms from _prepare_inputs to sampled
+    monkeypatch.setattr(step_timing.time, "perf_counter", lambda: next(clock))
+    timing.step_started(SimpleNamespace(scheduled_spec_decode_tokens={"a": [1], "b": [2]},
+                                        num_scheduled_tokens={"a": 2, "b": 2}, total_num_scheduled_tokens=4))
+    timing.verified([SimpleNamespace(greedy=False, seconds=0.003), SimpleNamespace(greedy=True, seconds=0.001)])
+    timing.step_sampled(torch.zeros(1))
+    assert seen == [pytest.approx(0.016)]
+    assert timing.verify_seconds(False) == pytest.approx(0.003) and timing.verify_seconds(True) == pytest.approx(0.001)
+    for _ in range(200):  # decayed: recent trees weigh most
+        timing.verified([SimpleNamespace(greedy=False, seconds=0.002)])
+    assert timing.verify_seconds(False) == pytest.approx(0.002, rel=1e-3)
+    timing.frozen = True  # tensor parallel: every rank must plan alike
+    assert timing.verify_seconds(False) == 0.0
+    off = StepTiming(LookaheadConfig(price_verification=False))
+    off.verified([SimpleNamespace(greedy=False, seconds=0.003)])
+    assert off.verify_seconds(False) == 0.0

@@ -39,7 +39,7 @@ def test_batch_layout_mixed_with_plain_rows():
     # request a: prefill chunk of 10 rows; b: tree; c: plain decode
     qsl = np.array([0, 10, 10 + n, 11 + n])
     batch = build_tree_batch(
-        ["a", "b", "c"], {"b": spec}, {"b": draft}, qsl, np.diff(qsl), np.array([0, 20, 30]), torch.device("cpu")
+        ["a", "b", "c"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl), np.array([0, 20, 30]), torch.device("cpu")
     )
     (tr,) = batch.requests
     assert tr.token_start == 10 and tr.context_len == 20 and tr.num_nodes == n
@@ -57,7 +57,7 @@ def test_logits_rows_as_drafts_matches_logits_layout():
     spec = draft.tree.draft_tokens
     n = 1 + len(spec)
     qsl = np.array([0, 1, 1 + n])
-    batch = build_tree_batch(["a", "b"], {"b": spec}, {"b": draft}, qsl, np.diff(qsl), np.array([5, 20]), torch.device("cpu"))
+    batch = build_tree_batch(["a", "b"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl), np.array([5, 20]), torch.device("cpu"))
     view = batch.logits_rows_as_drafts({"b": spec})
     # vLLM's row walk (1 + len(drafts) rows per request) must land on our layout
     rows = sum(1 + len(view.get(r, ())) for r in ("a", "b"))

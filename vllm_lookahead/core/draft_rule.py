@@ -242,6 +242,7 @@ class DraftOptions:
     candidate_gain: float = 0.0            # expected accepted tokens per further candidate
     window_column_rows: tuple[int, ...] = ()  # draft nodes of window column 0, 1, ...
     window_column_gain: float = 0.0        # expected (later) accepted tokens per column-step
+    fixed_seconds: float = 0.0  # what drafting anything costs this request beyond its rows (verifying its tree)
 
     @property
     def lead(self) -> int:
@@ -282,6 +283,9 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     ``host_seconds``: what a step with any draft costs the host beyond the forward (its proposal):
     a fixed price, so it decides the step as a whole -- the plan stands only if its expected
     tokens per second, that price included, beat not drafting at all; else no request drafts.
+    A request's own fixed price (``DraftOptions.fixed_seconds``: verifying its tree) is paid by
+    its first draft token, which is taken only where some prefix of its lead pays that price
+    with its rows (or, without a lead, some prefix of its further pieces).
     """
     n = len(options)
     tokens = float(n if base_tokens is None else base_tokens)
@@ -305,7 +309,8 @@ class _Step:
     tokens: float
     tree_rows: float
     expected: float
-    time: float
+    time: float  # the forward of tokens and tree rows, plus fixed
+    fixed: float = 0.0  # the drafting requests' fixed prices (DraftOptions.fixed_seconds)
 
 
 def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _Step) -> list[int]:
@@ -317,18 +322,36 @@ def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _S
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
         gain = -neg_gain
-        dt = cost.forward(step.tokens + 1, step.tree_rows) - step.time
-        if gain * step.time <= step.expected * dt:
+        o = options[r]
+        assert o is not None
+        dt = cost.forward(step.tokens + 1, step.tree_rows) + step.fixed - step.time
+        if i == 1 and o.fixed_seconds > 0:
+            if not _lead_pays_its_price(o, cost, step):
+                continue
+            dt += o.fixed_seconds
+            step.fixed += o.fixed_seconds
+        elif gain * step.time <= step.expected * dt:
             continue  # this request's longer lead gains even less
         lead[r] = i
         step.tokens += 1
         step.expected += gain
         step.time += dt
-        o = options[r]
-        assert o is not None
         if i < o.lead:
             heapq.heappush(heap, (-o.lead_gains[i], r, i + 1))
     return lead
+
+
+def _lead_pays_its_price(o: DraftOptions, cost: StepCost, step: _Step) -> bool:
+    """Whether some prefix of ``o``'s lead raises the step's E / T with the request's fixed price
+    paid (O(lead) forward-cost lookups, once per request)."""
+    bare = cost.forward(step.tokens, step.tree_rows)
+    gained = 0.0
+    for k, gain in enumerate(o.lead_gains, start=1):
+        gained += gain
+        added = cost.forward(step.tokens + k, step.tree_rows) - bare + o.fixed_seconds
+        if gained * step.time > step.expected * added:
+            return True
+    return False
 
 
 def _pieces(o: DraftOptions, lead: int, first_column: int) -> list:
@@ -365,13 +388,17 @@ def _plan_branches(options: Sequence[DraftOptions | None], cost: StepCost, step:
     for _, r, mine in queues:
         best, best_at = step.expected / step.time, 0
         e, tok, rows_tree = step.expected, step.tokens, step.tree_rows
+        o = options[r]
+        assert o is not None
+        fixed = step.fixed + (o.fixed_seconds if lead[r] == 0 else 0.0)  # its first draft pays its price
         for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
             e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
-            ratio = e / cost.forward(tok, rows_tree)
+            ratio = e / (cost.forward(tok, rows_tree) + fixed)
             if ratio > best:
                 best, best_at = ratio, k
         if best_at == 0:
             continue
+        step.fixed = fixed
         for _, gain, rows, chain, candidate in mine[:best_at]:
             if candidate:
                 cands[r] += 1
@@ -380,7 +407,7 @@ def _plan_branches(options: Sequence[DraftOptions | None], cost: StepCost, step:
             step.tokens += rows
             step.tree_rows += 0 if chain else rows
             step.expected += gain
-        step.time = cost.forward(step.tokens, step.tree_rows)
+        step.time = cost.forward(step.tokens, step.tree_rows) + step.fixed
     return cands
 
 

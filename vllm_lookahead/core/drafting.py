@@ -13,7 +13,7 @@ if it fits).  Output tokens never depend on what is drafted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from .draft_rule import plan_step
@@ -30,6 +30,7 @@ class DraftRequest:
     room: int                  # at most this many draft nodes
     window: bool = True        # False: the verification branch only
     merge: bool | None = None  # trie-merge candidates sharing a prefix (None: the config's merge_candidates)
+    verify_seconds: float = 0.0  # what verifying its tree costs, whatever its size (the draft rule's price)
 
 
 def draft_step(requests: Sequence[DraftRequest], cost: StepCost | None, base_tokens: int | None = None,
@@ -43,7 +44,8 @@ def draft_step(requests: Sequence[DraftRequest], cost: StepCost | None, base_tok
                               budget=r.room) for r in requests]
     if not requests:
         return []
-    plans = plan_step([r.state.draft_options(r.candidates, window=r.window) for r in requests], cost,
-                      base_tokens=base_tokens, host_seconds=host_seconds)
+    options = [replace(r.state.draft_options(r.candidates, window=r.window), fixed_seconds=r.verify_seconds)
+               for r in requests]
+    plans = plan_step(options, cost, base_tokens=base_tokens, host_seconds=host_seconds)
     return [r.state.build(r.candidates, lead=p.lead, candidates=p.candidates, window_columns=p.window_columns,
                           merge=r.merge, budget=r.room) for r, p in zip(requests, plans)]

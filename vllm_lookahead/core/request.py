@@ -39,7 +39,8 @@ import numpy as np
 
 from .draft_length import DraftLength
 from .draft_rule import Acceptance, DraftOptions, LeadEvidence
-from .pool import NgramPool, SharedPools
+from .pool import SharedPools
+from .request_text import RequestText
 from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
@@ -77,7 +78,9 @@ class StepCandidates:
 
 
 class RequestLookahead:
-    """Jacobi window + n-gram pool of one request."""
+    """One request's drafting: its Jacobi window, its text's pools (:attr:`text`,
+    :class:`~.request_text.RequestText`), how its drafts were accepted (the lead's length, the
+    draft rule's estimates), and the step built from them (candidates, tree, observation)."""
 
     def __init__(
         self,
@@ -87,7 +90,7 @@ class RequestLookahead:
         shared: SharedPools | None = None,
     ) -> None:
         self.params = params
-        self.shared = shared  # other requests' output n-grams (``shared_pool``), consulted after ours
+        self.text = RequestText(params, prompt_token_ids, shared)  # its pools: lookups and learning
         self.rng = np.random.default_rng(seed)
         # W = 0: no lookahead branch (the verification branch alone, from the text pools).
         self.window = JacobiWindow(
@@ -97,103 +100,14 @@ class RequestLookahead:
             self.rng,
             shift=params.window_shift,
         ) if params.window_size else None
-        self.pool = NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys)
-        # Text pools keyed by the last k = lookup_context..2 tokens (longest first).
-        self.context_pools = [
-            NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys, context=k)
-            for k in range(params.lookup_context, 1, -1)
-        ]
-        if params.pool_from_prompt:
-            for pool in self._text_pools():
-                pool.add_sequence(prompt_token_ids, source=Source.PROMPT)
-        self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
-        self.prompt_len = len(prompt_token_ids)
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
         self.acceptance = Acceptance()  # what this request's drafts have been accepted at (draft rule)
         self._unsent: StepDraft | None = None  # last build, if it drafted nothing but had a lead
-
-    def _text_pools(self) -> list[NgramPool]:
-        return [*self.context_pools, self.pool]
-
-    @property
-    def pool_ngrams(self) -> int:
-        """N-grams this request's pools hold (O(pools), not O(pool size))."""
-        return sum(len(pool) for pool in self._text_pools())
-
-    def _lookup_pools(self) -> list[NgramPool]:
-        """The pools candidates are looked up in: longest context first; at each context length
-        this request's own pool, then the shared one."""
-        if self.shared is None:
-            return self._text_pools()
-        out = []
-        for pool in self._text_pools():
-            out.append(pool)
-            shared = self.shared.pools.get(pool.context)
-            if shared is not None:
-                out.append(shared)
-        return out
 
     @property
     def window_tokens(self) -> int:
         """Tree nodes the window adds this step (root excluded)."""
         return self.params.window_size * self.window.filled - 1 if self.window is not None else 0
-
-    def candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[int, ...]]:
-        """Up to ``limit`` (default ``G``) distinct continuations for ``recent`` (ends with the root),
-        longest context first."""
-        return [c for c, _ in self.sourced_candidates(recent, limit)]
-
-    def sourced_candidates(
-        self, recent: Sequence[int], limit: int | None = None
-    ) -> list[tuple[tuple[int, ...], int]]:
-        """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
-        return self._lookup(recent, limit)[0]
-
-    def _lookup(
-        self, recent: Sequence[int], limit: int | None = None
-    ) -> tuple[list[tuple[tuple[int, ...], int]], NgramPool | None]:
-        """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found)."""
-        limit = self.params.guess_set_size if limit is None else limit
-        out: list[tuple[tuple[int, ...], int]] = []
-        seen: set[tuple[int, ...]] = set()
-        first_pool = None
-        for pool in self._lookup_pools():
-            if len(out) >= limit:
-                break
-            for c, source in pool.get_sourced(recent, limit):
-                if c not in seen:
-                    seen.add(c)
-                    out.append((c, source))
-                    first_pool = first_pool or pool
-                    if len(out) >= limit:
-                        break
-        return out, first_pool
-
-    def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
-        """``first`` cut or grown to ``length`` tokens.
-
-        Growing asks the pools again for the continuation of the text drafted so
-        far (the last ``lookup_context`` tokens of ``recent + draft``), until
-        ``length`` tokens or the pools have nothing: at most ``length / (N - 1)``
-        lookups, independent of pool size and sequence length.
-        """
-        return self._grow_lead(first, Source.OUTPUT, recent, length)[0]
-
-    def _grow_lead(
-        self, first: tuple[int, ...], source: int, recent: Sequence[int], length: int
-    ) -> tuple[tuple[int, ...], list[int]]:
-        """:meth:`lead_candidate` and the source of each of its tokens."""
-        draft = list(first[:length])
-        sources = [source] * len(draft)
-        while len(draft) < length:
-            tail = [*recent, *draft][-self.params.lookup_context :]
-            more = self.sourced_candidates(tail, 1)  # the most likely continuation
-            if not more:
-                break
-            piece = more[0][0][: length - len(draft)]
-            draft.extend(piece)
-            sources.extend([more[0][1]] * len(piece))
-        return tuple(draft), sources
 
     def step_candidates(
         self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None,
@@ -216,7 +130,7 @@ class RequestLookahead:
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = room if room is not None else 1 << 30
-        found, pool = self._lookup(recent)
+        found, pool = self.text.lookup(recent)
         if max_candidates is not None:
             found = found[:max_candidates]
         lead: tuple[int, ...] = ()
@@ -233,7 +147,7 @@ class RequestLookahead:
                              1 + self.acceptance.lead.tokens_above(evidence, min_gain, params.lead_tokens))
             else:
                 length = self.lead_length.current
-            lead, lead_sources = self._grow_lead(found[0][0], found[0][1], recent, min(room, length))
+            lead, lead_sources = self.text.grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
             int(root_token), lead, lead_sources, found[1:] if lead else [], lead_evidence=evidence,
         )
@@ -327,7 +241,7 @@ class RequestLookahead:
         num_new = len(accepted_tokens)
         if num_new < 1:
             raise ValueError("at least the bonus token is accepted each step")
-        tail, start = self._tail(num_new, history)
+        tail, start = self.text.tail(num_new, history)
 
         window_nodes = draft.window_nodes
         if window_nodes.size and self.window is not None:
@@ -335,16 +249,12 @@ class RequestLookahead:
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]
             for ngram in self.window.update(outputs, num_new - 1, tail):
-                self.pool.add(ngram, Source.WINDOW)
-        if self.params.pool_from_output:
-            for pool in self._text_pools():
-                pool.add_sequence(tail, start=start)
-        self._share(tail, start, len(history))
+                self.text.pool.add(ngram, Source.WINDOW)
+        self.text.learn(tail, start, len(history))
 
         self.adapt_lead(draft, num_nodes_run, num_new - 1)
         self.record_acceptance(draft, num_nodes_run, accepted_tokens, path)
         self._unsent = None
-        self.known = len(history)
 
     def record_acceptance(
         self, draft: StepDraft, num_nodes_run: int, accepted_tokens: Sequence[int], path: np.ndarray | None
@@ -399,30 +309,7 @@ class RequestLookahead:
         O(tokens), each call O(tokens since the last one).
         """
         unsent, self._unsent = self._unsent, None
-        if unsent is not None and len(history) > self.known:  # the step after a draft of nothing
-            self.record_acceptance(unsent, 1, [int(history[self.known])], None)
-        self._learn_last(len(history) - self.known, history)
-
-    def _learn_last(self, num_new: int, history: Sequence[int]) -> None:
-        self.known = len(history)
-        if num_new <= 0 or not (self.params.pool_from_output or self.shared is not None):
-            return
-        tail, start = self._tail(num_new, history)
-        if self.params.pool_from_output:
-            for pool in self._text_pools():
-                pool.add_sequence(tail, start=start)
-        self._share(tail, start, len(history))
-
-    def _share(self, tail: list[int], start: int, length: int) -> None:
-        """Give the shared pools the n-grams of ``tail`` (the end of a sequence of ``length``
-        tokens) that lie wholly in the output: prompts are never shared."""
-        if self.shared is None:
-            return
-        first_output = max(0, self.prompt_len - (length - len(tail)))
-        self.shared.add_sequence(tail[first_output:], start=max(0, start - first_output))
-
-    def _tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:
-        """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
-        span = self.params.lookup_context + self.params.ngram_size - 1
-        length = min(len(history), num_new + span - 1)
-        return [int(t) for t in history[len(history) - length :]], length - num_new
+        known = self.text.known
+        if unsent is not None and len(history) > known:  # the step after a draft of nothing
+            self.record_acceptance(unsent, 1, [int(history[known])], None)
+        self.text.catch_up(history)

@@ -62,6 +62,7 @@ PER_ENGINE = {
     "max_tokens_per_step": "it sizes the whole batch's step, not one request's",
     "measure_drafting": "it times the whole batch's steps, not one request's",
     "price_host_work": "it prices the whole batch's host work, not one request's",
+    "price_verification": "the price is learnt from the whole engine's verified trees",
 }
 
 _ON = {"on": True, "off": False}

@@ -23,10 +23,11 @@ order -- the data path of one step:
 
 State, by lifetime: per engine -- the config, the paged KV cache (:class:`.kv.PagedKV`,
 checked at start-up by :mod:`.kv_layers`), the cost model and draft gate with their clocks
-(:class:`.step_timing.StepTiming`), stats; per request -- :attr:`requests` (window + pools) and :attr:`pending` (the
-tree whose tokens vLLM holds as a linear draft list); per step -- :attr:`batch`
-(from ``_prepare_inputs`` to ``_sample``) and :attr:`outcomes` (from ``_sample``
-to the next ``propose``).  Nothing else in the plugin keeps per-step state.
+(:class:`.step_timing.StepTiming`), stats; per request -- one record in :attr:`live`
+(:mod:`.live_requests`: window + pools, the tree whose tokens vLLM holds as a linear draft
+list, that tree's outcome from ``_sample`` to the next ``propose``); per step -- :attr:`batch`
+(from ``_prepare_inputs`` to ``_sample``) and :attr:`report`.  Nothing else in the plugin keeps
+per-step state.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ from vllm_lookahead.engine.draft_step import draft_room, window_seed
 from vllm_lookahead.engine import eligibility, request_overrides
 from vllm_lookahead.engine.kv import PagedKV
 from vllm_lookahead.engine.kv_layers import paged_kv_of
+from vllm_lookahead.engine.live_requests import LiveRequests
 from vllm_lookahead.engine.proposer import LookaheadProposer
 from vllm_lookahead.engine.stats import LookaheadStats, StepReport
 from vllm_lookahead.engine.step_context import STEP_CONTEXT
 from vllm_lookahead.engine.step_timing import StepTiming
 from vllm_lookahead.engine.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
-from vllm_lookahead.engine.verify_step import StepOutcome, sample_one_row_per_request, verify_step
+from vllm_lookahead.engine.verify_step import sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -72,12 +74,10 @@ class RunnerLookahead:
         # "auto": the forward-cost model the draft rule prices trees with (profiled in setup_kv,
         # refined by every decode step) and the gate timing drafting against not drafting
         self.timing = StepTiming(self.config)
-        self.requests: dict[str, RequestLookahead] = {}
+        self.live = LiveRequests()  # per request: window + pools, its pending tree, that tree's outcome
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_params(cfg) if cfg.shared_pool else None
-        self.pending: dict[str, StepDraft] = {}
-        self.outcomes: dict[str, StepOutcome] = {}
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
@@ -123,7 +123,7 @@ class RunnerLookahead:
     def on_prepare_inputs(self, scheduler_output: Any, result: tuple) -> tuple:
         """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
         self.batch = None
-        self.outcomes.clear()
+        self.live.new_step()
         spec = scheduler_output.scheduled_spec_decode_tokens
         self.timing.step_started(scheduler_output)
         if not spec:
@@ -135,7 +135,7 @@ class RunnerLookahead:
         batch = build_tree_batch(
             req_ids=list(ib.req_ids),
             scheduled_spec=spec,
-            pending=self.pending,
+            draft_of=self.live.draft,
             query_start_loc=qsl,
             num_scheduled=np.diff(qsl),
             num_computed=ib.num_computed_tokens_cpu[:num_reqs],
@@ -186,16 +186,15 @@ class RunnerLookahead:
         t0 = time.perf_counter()
         runner.input_batch.update_async_output_token_ids()
         output, outcomes = verify_step(runner, logits, batch)
+        self.timing.verified(outcomes.values())
         for req_id, outcome in outcomes.items():
             self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path)
             self.report.on_verified(req_id, outcome)
             if outcome.draft is not None:
-                self.outcomes[req_id] = outcome
+                self.live.set_outcome(req_id, outcome)
             else:
                 self.stats.foreign_drafts += 1
-        seconds = time.perf_counter() - t0
-        self.stats.verify_seconds += seconds
-        self.report.verify_seconds += seconds
+        self.report.verify_seconds += time.perf_counter() - t0
         if self.stats.maybe_log():
             self.timing.log()
         return output
@@ -239,7 +238,6 @@ class RunnerLookahead:
         if rule and can_draft and self.timing.price_host:
             self.timing.proposed(seconds, decoding, sum(1 for d in drafts if d),
                                  offered=any(w[2].candidates.lead for w in wanted))
-        self.stats.propose_seconds += seconds
         self.report.propose_seconds += seconds
         return drafts
 
@@ -248,18 +246,17 @@ class RunnerLookahead:
         """The request's state after this step's outcome (its window and pools updated; created
         on first use with the request's own settings); None when there is nothing to observe now
         (no new token, or a batch too full for drafts and no tree run)."""
-        outcome = self.outcomes.pop(req_id, None)
-        self.pending.pop(req_id, None)
+        outcome = self.live.take_outcome(req_id)
         if not new_tokens or history is None or (not can_draft and outcome is None):
             return None
-        state = self.requests.get(req_id)
+        state = self.live.state(req_id)
         if state is None:
             req_state = self.runner.requests[req_id]
             prompt = req_state.prompt_token_ids or []
             # the request's own settings (extra_args), validated where vLLM accepted it
             cfg, shared = request_overrides.for_request(self.config, req_state.sampling_params, self.shared)
-            state = self.requests[req_id] = RequestLookahead(cfg, prompt, seed=window_seed(cfg.seed, prompt),
-                                                             shared=shared)
+            state = self.live.add_state(req_id, RequestLookahead(cfg, prompt, seed=window_seed(cfg.seed, prompt),
+                                                                 shared=shared))
         if outcome is not None:
             assert outcome.draft is not None
             state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
@@ -282,8 +279,10 @@ class RunnerLookahead:
                                       min_gain=floor)
         # Random sampling tries a node's children in turn, so candidates sharing a prefix are
         # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
-        merge = None if eligibility.is_greedy(sp) else True
-        return DraftRequest(state, cands, room, window=not chain, merge=merge), thinking
+        greedy = eligibility.is_greedy(sp)
+        merge = None if greedy else True
+        return DraftRequest(state, cands, room, window=not chain, merge=merge,
+                            verify_seconds=self.timing.verify_seconds(greedy)), thinking
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:
         """The draft's tokens as vLLM carries them (cut to the room and before any thinking-end
@@ -295,7 +294,7 @@ class RunnerLookahead:
         if not tokens:
             self.report.undrafted[req_id] = "no_candidate"
             return []
-        self.pending[req_id] = draft
+        self.live.set_draft(req_id, draft)
         self.stats.on_propose(draft, len(tokens))
         return tokens
 
@@ -332,7 +331,8 @@ class RunnerLookahead:
     def take_report(self) -> dict:
         """This step's :class:`StepReport` as plain data for the scheduler, and a fresh one."""
         report, self.report = self.report, StepReport()
-        report.pool_ngrams = sum(state.pool_ngrams for state in self.requests.values())
+        self.stats.add_time(report.propose_seconds, report.verify_seconds)  # counted once, in the report
+        report.pool_ngrams = sum(state.text.pool_ngrams for state in self.live.states())
         if self.shared is not None:
             report.pool_ngrams += self.shared.num_ngrams
         report.request_states = self.num_request_states
@@ -342,7 +342,7 @@ class RunnerLookahead:
     def num_request_states(self) -> int:
         """Requests this worker keeps anything for (a pool and window, a pending draft or an
         outcome): the live ones only, once :meth:`forget` has run for finished and aborted ones."""
-        return len(self.requests.keys() | self.pending.keys() | self.outcomes.keys())
+        return len(self.live)
 
     def thinking_limit(self) -> ThinkingLimit | None:
         """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,
@@ -355,17 +355,12 @@ class RunnerLookahead:
     # -- request lifecycle ---------------------------------------------------------------
     def forget(self, req_ids: Any) -> None:
         """Finished or aborted requests: drop everything kept for them."""
-        for req_id in req_ids:
-            self.requests.pop(req_id, None)
-            self.pending.pop(req_id, None)
-            self.outcomes.pop(req_id, None)
+        self.live.forget(req_ids)
 
     def on_preempted(self, req_ids: Any) -> None:
         """A preempted request recomputes its KV; its draft is void, its pool stays useful."""
         for req_id in req_ids:
-            self.pending.pop(req_id, None)
-            self.outcomes.pop(req_id, None)
-            state = self.requests.get(req_id)
+            state = self.live.preempted(req_id)
             if state is not None and req_id in self.runner.requests:
                 state.reset(self.runner.requests[req_id].prompt_token_ids or [])
 

@@ -58,6 +58,11 @@ class LookaheadStats:
         self.draft_digest = zlib.crc32(tree.parents[: sent + 1].tobytes(),
                                        zlib.crc32(tree.tokens[: sent + 1].tobytes(), self.draft_digest))
 
+    def add_time(self, propose_seconds: float, verify_seconds: float) -> None:
+        """A step's plugin time (from its :class:`StepReport`, where the runner counts it)."""
+        self.propose_seconds += propose_seconds
+        self.verify_seconds += verify_seconds
+
     def on_verified(self, num_drafts: int, num_accepted: int, draft=None, path: np.ndarray | None = None) -> None:
         """One tree verified: ``num_drafts`` nodes run (root excluded), ``num_accepted`` accepted.
         ``draft`` (a :class:`~vllm_lookahead.core.StepDraft`) and ``path`` (accepted node ids)

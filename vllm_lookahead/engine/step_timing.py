@@ -11,9 +11,15 @@ out: every rank must build the same trees, so no decision may rest on one rank's
 Host work: a step with drafts costs the host its proposal (pool lookups, candidates, planning,
 trees), outside the step's clock; measured per decoding request over the steps that proposed, it
 is what :meth:`host_seconds` hands the draft rule as the fixed price of drafting at all
-(``"price_host_work"``, opt-in).  Verification is inside the clock, so the cost model
-prices it already.  A batch whose plan drafted none of the candidates offered on two proposing
-steps running, where proposing costs at least ``REST_MIN_SHARE`` of the bare forward, *rests*:
+(``"price_host_work"``, opt-in).  Verification: each request's tree is verified on the host
+(its target distributions, the walk; :mod:`.verify_step`) at a cost per request whatever the
+tree's size -- a sampled request's ~0.6 ms on the 2-core CPU, a greedy one's ~0.07 ms -- which a
+price per row would miss: a one-token draft then costs as much to verify as a long one.  So that
+time is measured per verified tree (greedy and sampled apart), taken out of the step's clock, and
+handed to the draft rule as each drafting request's own fixed price (:meth:`verify_seconds`,
+``"price_verification"``, on by default).  A batch whose plan drafted none of the candidates
+offered on two proposing steps running, where proposing costs at least ``REST_MIN_SHARE`` of the
+bare forward, *rests*:
 the next 1, 2, 4 ... up to ``MAX_REST`` steps propose nothing (no lookups; the pools catch up
 when the batch proposes again), the rest doubling each time it recurs and back to 1 after a step
 that drafted.  Neither under tensor parallelism, where every rank must plan alike.
@@ -29,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -45,6 +51,7 @@ HOST_DECAY = 0.95  # weight of the past per proposing step in the host price
 # the proposal and can miss a draft that would have paid, and where proposing is cheap (batch 1-4
 # on the 2-core CPU: 1-1.5 % of the step; docs/results.md, "Host work priced") there is little to save.
 REST_MIN_SHARE = 0.02
+VERIFY_DECAY = 0.95  # weight of the past per verified tree in the verification price
 
 
 class StepTiming:
@@ -64,6 +71,9 @@ class StepTiming:
         self._quiet = 0  # proposing steps running whose plan drafted nothing
         self._rest = 0  # steps left in the current rest
         self._next_rest = 1
+        self.price_verify = config.cost_rule and config.price_verification
+        self._verify = {True: (0.0, 0.0), False: (0.0, 0.0)}  # greedy or not: decayed (seconds, trees verified)
+        self._verified_now = 0.0  # this step's verification time (kept out of the forward's clock)
 
     def model(self) -> StepCost:
         """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
@@ -74,6 +84,7 @@ class StepTiming:
     def step_started(self, scheduler_output: Any) -> None:
         """``_prepare_inputs``: a decode-only step (the steps the models learn from) starts its clock."""
         self._step = None
+        self._verified_now = 0.0
         self._decode_step = self.measuring and decode_only(scheduler_output)
         if self._decode_step:
             self._step = (time.perf_counter(), int(scheduler_output.total_num_scheduled_tokens), 0)
@@ -90,15 +101,38 @@ class StepTiming:
 
     def step_sampled(self, logits: torch.Tensor) -> None:
         """Feed the cost model the decode-only step that just ran, from ``_prepare_inputs`` through
-        sampling and verification: what a draft token costs is its rows in the forward and its
-        share of verifying them, and the draft rule weighs both."""
+        sampling and verification, less the trees' own verification (priced per request,
+        :meth:`verify_seconds`): what a draft token costs is its rows in the forward, their logits
+        and sampling, and the draft rule weighs that."""
         clock, self._step = self._step, None
+        verified, self._verified_now = self._verified_now, 0.0
         if clock is None or self.frozen:
             return
         if logits.device.type == "cuda":
             torch.cuda.synchronize(logits.device)
         start, tokens, rows = clock
-        self.model().observe(tokens, rows, time.perf_counter() - start)
+        # verifying the trees is priced per request (verify_seconds), not per row
+        self.model().observe(tokens, rows, time.perf_counter() - start - verified)
+
+    def verified(self, outcomes: Iterable[Any]) -> None:
+        """This step's trees verified (:class:`~.verify_step.StepOutcome`): the host time each
+        took feeds the verification price of its kind (greedy or sampled) and is kept out of
+        the step's time the forward-cost model learns from."""
+        if not self.price_verify or self.frozen:
+            return
+        for outcome in outcomes:
+            seconds, trees = self._verify[outcome.greedy]
+            self._verify[outcome.greedy] = (VERIFY_DECAY * seconds + outcome.seconds, VERIFY_DECAY * trees + 1.0)
+            self._verified_now += outcome.seconds
+
+    def verify_seconds(self, greedy: bool) -> float:
+        """What verifying one request's tree costs the host (greedy or sampled; 0 until
+        measured, when not priced, and under tensor parallelism, where no rank may decide from
+        its own timings)."""
+        seconds, trees = self._verify[greedy]
+        if not self.price_verify or self.frozen or trees <= 0:
+            return 0.0
+        return seconds / trees
 
     def allow_drafts(self, now: float, decoding: int, sampled_token_ids: list[list[int]], can_draft: bool) -> bool:
         """Whether the gate lets the next step draft, once it has seen the decode-only step that
@@ -162,7 +196,8 @@ class StepTiming:
         """The periodic log lines of the cost model and the gate (with the stats' own)."""
         if self.cost is None:
             return
-        logger.info("lookahead: the draft rule's step cost: %s", self.cost.describe())
+        logger.info("lookahead: the draft rule's step cost: %s; verifying a tree %.2f ms greedy, %.2f ms sampled",
+                    self.cost.describe(), 1e3 * self.verify_seconds(True), 1e3 * self.verify_seconds(False))
         if self.gate is not None:
             logger.info("lookahead: tokens/s drafting vs not, by requests in flight: %s", self.gate.describe())
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Callable
 
 import numpy as np
 import torch
@@ -124,7 +125,7 @@ def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[D
 def build_tree_batch(
     req_ids: list[str],
     scheduled_spec: dict[str, list[int]],
-    pending: dict[str, StepDraft],
+    draft_of: Callable[[str], StepDraft | None],
     query_start_loc: np.ndarray,
     num_scheduled: np.ndarray,
     num_computed: np.ndarray,
@@ -147,7 +148,7 @@ def build_tree_batch(
             sample_rows[i] = cursor
             cursor += 1
             continue
-        tree, draft = tree_for_scheduled(pending.get(req_id), spec)
+        tree, draft = tree_for_scheduled(draft_of(req_id), spec)
         assert tree.size == int(num_scheduled[i]), (tree.size, int(num_scheduled[i]))
         nodes = tree.logit_rows().astype(np.int64)
         tr = TreeRequest(

@@ -33,6 +33,7 @@ we instead:
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -57,6 +58,8 @@ class StepOutcome:
     num_nodes: int  # nodes actually run (the scheduler may truncate)
     argmax: np.ndarray  # (num_nodes,) target argmax per node, -1 where no logits
     path: np.ndarray  # the accepted node ids, depth 1 down
+    greedy: bool = True  # verified against the argmax (else sampled)
+    seconds: float = 0.0  # host time this request's verification took (its target distribution, the walk)
 
     @property
     def num_accepted(self) -> int:
@@ -89,7 +92,9 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
         cursor += k
         argmax = np.full(n, -1, dtype=np.int64)
         argmax[tr.logit_nodes] = tree_argmax[rows]
+        t0 = time.perf_counter()
         decision = _decide(runner, sm, tr, tree_logits[rows], argmax, root_tokens[tr.batch_index])
+        seconds = time.perf_counter() - t0
         path, last = decision.path, decision.last
         tokens = [*tr.tree.tokens[path].tolist(), int(last)]
         outputs[tr.batch_index] = tokens
@@ -99,7 +104,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
-        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, path)
+        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, path, target_dist.is_greedy(sm, tr.batch_index), seconds)
 
     if src_slots:
         assert batch.slot_mapping is not None and batch.kv is not None
