@@ -14,7 +14,7 @@ def test_a_request_lives_from_its_first_state_until_it_is_forgotten():
     assert len(live) == 0 and live.state("a") is None and live.draft("a") is None and live.take_outcome("a") is None
     live.add_state("a", state)
     live.set_draft("a", draft)
-    assert "a" in live and len(live) == 1 and live.draft("a") is draft and list(live.states()) == [state]
+    assert len(live) == 1 and live.draft("a") is draft and list(live.states()) == [state]
     live.set_outcome("a", outcome)
     assert live.take_outcome("a") is outcome
     assert live.take_outcome("a") is None and live.draft("a") is None  # taken once, the verified draft with it
@@ -25,14 +25,15 @@ def test_a_request_lives_from_its_first_state_until_it_is_forgotten():
 
 def test_a_new_step_drops_outcomes_no_proposal_observed_and_preemption_voids_drafts():
     live = LiveRequests()
-    for req_id in ("a", "b"):
+    for req_id in ("a", "b", "c"):
         live.add_state(req_id, SimpleNamespace(name=req_id))
         live.set_draft(req_id, SimpleNamespace())
         live.set_outcome(req_id, SimpleNamespace())
     assert live.take_outcome("a") is not None
     live.new_step()
-    assert live.outcome("b") is None and live.draft("b") is not None  # b's tree is still what vLLM holds
+    assert live.draft("c") is not None  # c's tree is still what vLLM holds
+    assert live.take_outcome("c") is None  # its outcome went with the step
     assert live.preempted("b").name == "b"
-    assert live.draft("b") is None and live.outcome("b") is None and live.state("b") is not None
+    assert live.draft("b") is None and live.take_outcome("b") is None and live.state("b") is not None
     assert live.preempted("unknown") is None
-    assert len(live) == 2
+    assert len(live) == 3

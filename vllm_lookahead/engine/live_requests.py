@@ -45,9 +45,6 @@ class LiveRequests:
         """Requests the worker keeps anything for (finished ones are forgotten)."""
         return len(self._records)
 
-    def __contains__(self, req_id: object) -> bool:
-        return req_id in self._records
-
     def state(self, req_id: str) -> "RequestLookahead | None":
         record = self._records.get(req_id)
         return record.state if record is not None else None
@@ -59,10 +56,6 @@ class LiveRequests:
         """The tree proposed for ``req_id``'s next step (None: no tree of ours)."""
         record = self._records.get(req_id)
         return record.draft if record is not None else None
-
-    def outcome(self, req_id: str) -> "StepOutcome | None":
-        record = self._records.get(req_id)
-        return record.outcome if record is not None else None
 
     def add_state(self, req_id: str, state: "RequestLookahead") -> "RequestLookahead":
         self._records.setdefault(req_id, LiveRequest()).state = state
