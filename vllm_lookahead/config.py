@@ -120,6 +120,13 @@ class LookaheadConfig(BaseModel):
         "worker for greedy and sampled requests apart, not under tensor parallelism), a fixed price "
         "per drafting request whatever the draft's size; output is the same either way",
     )
+    rest_idle_requests: bool = Field(
+        True,
+        description="with max_tokens_per_step 'auto': a request that was offered to the draft rule "
+        "and drafted nothing on two proposals running skips the next 1, 2, 4 up to 8 proposals (no "
+        "lookups, its pools catch up later), where proposing costs at least 2% of the step's forward "
+        "per request (measured in this worker; not under tensor parallelism); output is the same either way",
+    )
 
     @model_validator(mode="after")
     def _drafts_something(self) -> "LookaheadConfig":

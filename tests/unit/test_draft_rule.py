@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
 from vllm_lookahead.core.draft_rule import (
-    Acceptance, DraftOptions, DraftPlan, LeadConfidence, LeadEvidence as E, lead_floor, plan_step,
+    Acceptance, DraftOptions, DraftPlan, LeadConfidence, LeadEvidence as E, PooledConfidence, lead_floor, plan_step,
 )
 from vllm_lookahead.core.step_cost import StepCost
 
@@ -400,3 +400,41 @@ def test_lead_floor_is_the_cheapest_marginal_token_over_the_bare_forward(seconds
         assert abs(lead_floor(cost, base, span) - max(0.0, cheapest) / forward[0]) < 1e-9
         for tokens, took in observed:
             cost.observe(tokens, 0, took)
+
+
+def test_drafted_leads_accepted_less_than_expected_lower_every_requests_estimate_of_that_kind():
+    """The pooled record compares each drafted lead with what the request's own estimate expected
+    of it and shifts every request of the kind by the difference: a new request starts there, a
+    checked-only first token (not drafted) does not count, and once drafted leads are accepted as
+    expected, or none is drafted for long, the shift fades."""
+    pooled = PooledConfidence()
+    for k in range(240):  # short requests whose drafted leads go a third as far as expected
+        LeadConfidence(pooled=pooled).observe(E(3, 4), tried=4, accepted=k % 3)
+    fresh, model = LeadConfidence(pooled=pooled), LeadConfidence()
+    assert fresh.first(E(3, 4)) < model.first(E(3, 4)) and fresh.next(E(3)) < 0.5 * model.next(E(3))
+    assert pooled.first.shift < 0 and pooled.next.shift < 0 and pooled.first.tries > 100
+    tries = pooled.first.tries
+    fresh.observe(E(1, 1), tried=1, accepted=0, drafted=False)
+    assert pooled.first.tries == tries  # a left-out token checked: the request's record only
+    rng = np.random.default_rng(0)
+    for _ in range(1000):  # then steps whose one drafted lead is accepted as often as the lead model says
+        pooled.age()
+        LeadConfidence(pooled=pooled).observe(E(3, 4), tried=1, accepted=int(rng.random() < model.first(E(3, 4))))
+    assert abs(pooled.first.shift) < 0.6  # from -1.8 (binomial noise of ~200 leads: +-0.3)
+    for _ in range(1000):  # or nothing drafted at all: the record fades back to no shift
+        pooled.age()
+    assert abs(pooled.first.shift) < 0.05 and abs(pooled.next.shift) < 0.05
+    assert LeadConfidence(pooled=PooledConfidence()).first(E(2, 3)) == model.first(E(2, 3))  # empty pool: the model
+
+
+def test_requests_decoding_without_being_offered_count_in_what_a_draft_token_adds():
+    """A batch of 16 decoding requests of which one is offered (the others have no room, are not
+    eligible, or rest) values that one's draft tokens against the 16 tokens the step emits anyway:
+    its lead is cut shorter than if it were the batch's only request."""
+    cost = StepCost.linear(0.020, 0.0008)
+    option = DraftOptions(lead_gains=tuple(0.95 * 0.8 ** i for i in range(12)))
+    (alone,) = plan_step([option], cost, base_tokens=1)
+    (among_16,) = plan_step([option], cost, base_tokens=16)
+    assert 0 < among_16.lead < alone.lead
+    (default,) = plan_step([option], cost)
+    assert default.lead == alone.lead  # without base_tokens: one token per request offered

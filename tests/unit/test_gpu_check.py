@@ -47,7 +47,7 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     env = raw["environment"]
     assert env["device"] == "cpu" and "meaningless" in env["timings"]
     assert {"gpu", "torch", "triton", "cuda", "date_utc", "command"} <= set(env)
-    assert list(raw["parts"]) == ["exactness", "layer", "compaction", "forward"]
+    assert list(raw["parts"]) == ["exactness", "layer", "compaction", "forward", "sampling"]
     for name, part in raw["parts"].items():
         assert part["status"] == "complete" and not part["errors"], (name, part["errors"], part["skipped"])
     exact = raw["parts"]["exactness"]["tables"]
@@ -58,6 +58,10 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     assert all({"kernel_s", "causal_s", "sdpa_s", "torch_s", "kernel_over_causal", "masked_over_kernel"} <= set(r)
                for r in layer)
     assert {r["mode"] for r in raw["parts"]["forward"]["tables"]["forward"]} == {"chain", "tree", "tree_one_pass"}
+    sampling = raw["parts"]["sampling"]["tables"]
+    assert all(r["row_draws_equal_fresh_draws"] and r["state_set_back_redraws"] and r["ahead_tokens_equal_walk"]
+               for r in sampling["exactness"])
+    assert {r["case"] for r in sampling["cost"]} >= {"vllm_b1", "walk_k1", "ahead_n8_d4"}
     md = (out / "gpu_check.md").read_text()
     assert "**Exactness: every case run passed**" in md and "| T per request |" in md and "| kernel/causal |" in md
     assert "[" in proc.stdout and "written to" in proc.stdout  # progress lines

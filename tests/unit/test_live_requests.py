@@ -37,3 +37,23 @@ def test_a_new_step_drops_outcomes_no_proposal_observed_and_preemption_voids_dra
     assert live.draft("b") is None and live.take_outcome("b") is None and live.state("b") is not None
     assert live.preempted("unknown") is None
     assert len(live) == 3
+
+
+def test_a_request_offered_for_nothing_rests_longer_each_time_and_a_draft_ends_it():
+    live = LiveRequests()
+    rests = []
+    for _ in range(6):
+        live.offered("a", drafted=False, max_rest=8)
+        skipped = 0
+        while live.resting("a"):
+            skipped += 1
+        rests.append(skipped)
+    assert rests == [0, 1, 2, 4, 8, 8]
+    live.offered("a", drafted=True, max_rest=8)
+    live.offered("a", drafted=False, max_rest=8)
+    assert not live.resting("a")  # one proposal for nothing after a draft: no rest yet
+    live.offered("a", drafted=False, max_rest=0)
+    assert not live.resting("a")  # where rests do not pay: none
+    live.offered("a", drafted=False, max_rest=8)
+    live.set_outcome("a", SimpleNamespace())
+    assert not live.resting("a")  # an outcome to observe is never skipped

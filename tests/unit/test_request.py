@@ -646,3 +646,28 @@ def test_a_lead_from_the_shared_pool_is_believed_less_than_the_same_evidence_in_
     conf = state.acceptance.lead
     assert conf.first(theirs.lead_evidence) < 0.5 * conf.first(own.lead_evidence)
     assert conf.next(theirs.lead_evidence) < conf.next(own.lead_evidence)
+
+
+@pytest.mark.parametrize("window_size, levels, columns", [(0, 0, 0), (4, 1, 0), (4, 1, 1), (4, 2, 0)])
+def test_a_draft_of_nothing_is_the_root_alone_with_its_shadow_token(window_size, levels, columns):
+    """What ``build`` gives when the plan drafts nothing (made without a tree builder): the root
+    alone; a first-level window's column 0 (the root itself) kept as the builder would place it;
+    the lead's first token as the shadow token, checked against the next emitted token."""
+    params = LookaheadConfig(window_size=window_size, ngram_size=3, guess_set_size=2, lookup_context=2)
+    state = RequestLookahead(params, [5, 6, 7, 5, 6], seed=0)
+    for _ in range(levels - 1):
+        state.window.update(np.array([1, 2, 3, 4]), 0, [])
+    cands = state.step_candidates(6, [5, 6])
+    assert cands.lead
+    draft = state.build(cands, lead=0, candidates=0, window_columns=columns)
+    assert draft.tree.tokens.tolist() == [6] and draft.tree.parents.tolist() == [-1]
+    assert draft.tree.depths.tolist() == [0] and draft.tree.logits.tolist() == [True]
+    assert draft.tree.draft_tokens == [] and draft.sources.tolist() == [0]
+    assert (draft.num_candidates, draft.lead_tokens, draft.shadow_token) == (0, 0, cands.lead[0])
+    if columns:
+        assert draft.window_nodes.tolist() == [0, -1, -1, -1] and draft.window_start == 1
+        assert state.window.root_token == 6
+    else:
+        assert draft.window_nodes.size == 0 and draft.window_start is None
+    state.catch_up([5, 6, 7, 5, 6, cands.lead[0]])  # the left-out token was the one emitted
+    assert state.acceptance.lead.first_record.hits == 1.0

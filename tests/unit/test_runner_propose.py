@@ -232,7 +232,8 @@ def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposi
     # steps the batch proposes nothing for a step (no lookups, no learning), then for two.
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True)
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True,
+                  rest_idle_requests=False)  # the batch's rests alone
     # free tokens: only the host's price says no; a 0.1 ms forward: proposing is a large share of it
     p.owner.timing.cost = StepCost.linear(0.0001, 0.0)
     p.owner.timing.host_seconds = lambda decoding: 1.0
@@ -255,7 +256,8 @@ def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposi
 def test_steps_with_no_candidate_at_all_never_rest():
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True)
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True,
+                  rest_idle_requests=False)  # the batch's rests alone
     p.owner.timing.cost = StepCost.linear(0.020, 0.0)
     history = [11, 12, 13, 14]
     _bind(p, {"a": history})
@@ -263,3 +265,50 @@ def test_steps_with_no_candidate_at_all_never_rest():
         history = history + [token]
         assert _step(p, [history]) == [[]]
         assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"
+
+
+def _proposals(p: LookaheadProposer, tokens: list[int], history: list[int]) -> tuple[list[bool], list[int]]:
+    """Step request "a" through ``tokens``: per step whether it proposed (its pools looked at the
+    step's token), and the history at the end."""
+    proposed = []
+    for token in tokens:
+        history = history + [token]
+        _step(p, [history])
+        proposed.append(p.owner.live.state("a").text.known == len(history))
+    return proposed, history
+
+
+def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
+    """``rest_idle_requests``: where proposing is a large share of the step, a request whose
+    proposals drafted nothing twice running skips 1, then 2, 4 ... proposals (no lookups, no
+    learning), proposes again in between, and learns the skipped tokens when it does; a draft
+    ends the rests."""
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
+    p.owner.timing.cost = StepCost.linear(0.0001, 0.0)  # a 0.1 ms forward: proposing costs more than 2 % of it
+    _bind(p, {"a": [1, 2, 3]})
+    proposed, history = _proposals(p, list(range(100, 116)), [1, 2, 3])  # new text: nothing to draft
+    assert proposed == [True, True, False, True, False, False, True, False, False, False, False,
+                        True, False, False, False, False]
+    assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"  # a rest keeps the request's reason
+    for _ in range(10):  # the rest (8 proposals by now) runs out; the next proposal learns every skipped token
+        proposed, history = _proposals(p, [100], history)
+        if proposed[-1]:
+            break
+    assert p.owner.live.state("a").text.known == len(history)
+    history = history + [101]
+    assert _step(p, [history])[0][:2] == [102, 103]  # "100 101" was seen: it drafts, and is idle no more
+    assert p.owner.live._records["a"].idle == 0
+
+
+@pytest.mark.parametrize("setting", ["off", "tensor_parallel", "cheap_proposals"])
+def test_requests_do_not_rest_when_off_under_tensor_parallelism_or_where_proposing_is_cheap(setting):
+    from vllm_lookahead.core.step_cost import StepCost
+
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, rest_idle_requests=setting != "off")
+    p.owner.timing.cost = StepCost.linear(1.0 if setting == "cheap_proposals" else 0.0001, 0.0)
+    p.owner.timing.frozen = setting == "tensor_parallel"
+    _bind(p, {"a": [1, 2, 3]})
+    proposed, _ = _proposals(p, list(range(100, 110)), [1, 2, 3])
+    assert all(proposed)

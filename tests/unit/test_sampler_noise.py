@@ -63,3 +63,23 @@ def test_unknown_samplers_have_no_noise_to_mirror():
     other = SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=lambda *a: None, use_fp64_gumbel=False))
     assert SamplerNoise.of(other) is None
     assert SamplerNoise.of(SimpleNamespace()) is None
+
+
+@pytest.mark.parametrize("noise", [SamplerNoise("splitmix"), SamplerNoise("exponential"),
+                                   SamplerNoise("exponential", True)])
+def test_rows_sampled_in_one_pass_equal_rows_sampled_one_at_a_time(noise):
+    """What verification draws for several requests' walks in one pass (one generator per row,
+    one unseeded) is what each row's own call draws, and every generator ends where it would."""
+    torch.manual_seed(1)
+    positions = [torch.randn(4, VOCAB) * 3 for _ in range(12)]
+    seeds = [5, None, 6, 7]
+    one = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
+    many = [torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
+    alone, together = [], []
+    for logits in positions:
+        alone.append([noise.sample(logits[i : i + 1], one[i]) for i in range(4)])
+        together.append(noise.sample_rows(logits, many))
+    seeded = [i for i, s in enumerate(seeds) if s is not None]
+    assert [[row[i] for i in seeded] for row in alone] == [[row[i] for i in seeded] for row in together]
+    assert all(torch.equal(one[i].get_state(), many[i].get_state()) for i in seeded)
+    assert len({tuple(row) for row in together}) > 6  # really sampled

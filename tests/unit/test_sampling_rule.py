@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import TreeBuilder
-from vllm_lookahead.core.sampling import children_with_logits, coupled_walk, sample_from, tree_speculative_sample
+from vllm_lookahead.core.sampling import (children_with_logits, coupled_walk, coupled_walks, sample_from,
+                                         tree_speculative_sample)
 from vllm_lookahead.core.tree import DraftTree
 from vllm_lookahead.testing.stats import compare_samples, sequence_histograms
 from vllm_lookahead.testing.wrong_rules import WRONG_RULES
@@ -211,6 +212,38 @@ def test_the_coupled_walk_emits_what_sampling_with_the_same_noise_emits(seed, si
         assert walked == plain[: len(walked)]
     assert used == len(walked)
     assert accepted >= (steps if size > 1 else 0)  # the true continuation's first token is always drafted
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), walks=st.integers(1, 6))
+def test_walks_taken_together_are_the_walks_taken_alone(seed, walks):
+    """Several trees walked a position at a time, each with its own noise stream: every walk's
+    path, last token and draws are those of the same walk alone, and each round samples once
+    for every walk still going (those that moved), in walk order."""
+    rng = np.random.default_rng(seed)
+    model = TableModel(seed)
+    trees, streams = [], []
+    for w in range(walks):
+        trees.append(random_tree(rng, int(rng.integers(VOCAB)), int(rng.integers(1, 12))))
+        streams.append(rng.random((16, VOCAB)))
+
+    def stream_sampler(w: int):
+        draws = iter(streams[w].reshape(-1))
+        return lambda node: gumbel_max(model((w % VOCAB, int(trees[w].tokens[node]))), draws.__next__)
+
+    firsts = [int(rng.integers(VOCAB)) for _ in range(walks)]
+    alone = [coupled_walk(trees[w], firsts[w], stream_sampler(w)) for w in range(walks)]
+    samplers = [stream_sampler(w) for w in range(walks)]
+    rounds: list[list[int]] = []
+
+    def sample_after(reached):
+        rounds.append([w for w, _ in reached])
+        return [samplers[w](node) for w, node in reached]
+
+    together = coupled_walks(list(zip(trees, firsts)), sample_after)
+    assert [(p.tolist(), t) for p, t in together] == [(p.tolist(), t) for p, t in alone]
+    assert all(r == sorted(r) and r for r in rounds)
+    assert sum(len(r) for r in rounds) == sum(len(p) for p, _ in alone)  # one draw per accepted node
 
 
 @pytest.mark.parametrize("name", ["the rule", "the coupled rule", *WRONG_RULES])

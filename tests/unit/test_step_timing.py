@@ -113,3 +113,18 @@ def test_each_verified_tree_prices_its_kind_and_leaves_the_forwards_clock(monkey
     off = StepTiming(LookaheadConfig(price_verification=False))
     off.verified([SimpleNamespace(greedy=False, seconds=0.003)])
     assert off.verify_seconds(False) == 0.0
+
+
+def test_an_idle_request_may_rest_only_where_proposing_is_a_large_share_of_the_step():
+    from vllm_lookahead.core.step_cost import StepCost
+    from vllm_lookahead.engine.step_timing import REQUEST_MAX_REST
+
+    timing = StepTiming(LookaheadConfig())
+    timing.cost = StepCost.linear(0.020, 0.0005)  # 20 ms + 0.5 ms a token
+    assert timing.request_rest(16) == 0  # nothing measured yet
+    timing.proposed_for(0.0016, 16)  # 0.1 ms a request: 1.6 ms at 16 in flight, 5.8 % of 28 ms
+    assert timing.request_rest(16) == REQUEST_MAX_REST
+    assert timing.request_rest(1) == 0  # 0.1 ms of a 20.5 ms step: 0.5 %
+    timing.frozen = True  # tensor parallel: every rank must plan alike
+    assert timing.request_rest(16) == 0
+    assert StepTiming(LookaheadConfig(rest_idle_requests=False)).request_rest(16) == 0

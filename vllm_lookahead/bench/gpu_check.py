@@ -46,8 +46,8 @@ from typing import Any, Callable
 
 import torch
 
-PARTS = ("exactness", "layer", "compaction", "forward")
-BUDGET_SHARES = {"exactness": 0.2, "layer": 0.42, "compaction": 0.05, "forward": 0.33}
+PARTS = ("exactness", "layer", "compaction", "forward", "sampling")
+BUDGET_SHARES = {"exactness": 0.18, "layer": 0.38, "compaction": 0.05, "forward": 0.3, "sampling": 0.09}
 KERNEL_MODULES = {"vllm_lookahead.kernels.tree_attention": "_tree_attention_kernel",
                   "vllm_lookahead.kernels.kv_compaction": "_move_slots_kernel"}
 COMMAND = "vllm_lookahead.bench.gpu_check"
@@ -206,12 +206,13 @@ def part_modules() -> tuple[dict[str, tuple[Callable, Callable]], Callable[[dict
     """Each part's ``run(settings, part)`` and ``markdown(part data)``, and the judge of the
     exactness part's record (imported now: after the interpreter choice, since they define the
     kernels)."""
-    from vllm_lookahead.bench import gpu_exactness, gpu_forward, gpu_layer_time
+    from vllm_lookahead.bench import gpu_exactness, gpu_forward, gpu_layer_time, gpu_sampling
 
     return {"exactness": (gpu_exactness.run, gpu_exactness.markdown),
             "layer": (gpu_layer_time.run, gpu_layer_time.markdown),
             "compaction": (gpu_layer_time.run_compaction, gpu_layer_time.markdown_compaction),
-            "forward": (gpu_forward.run, gpu_forward.markdown)}, gpu_exactness.failures
+            "forward": (gpu_forward.run, gpu_forward.markdown),
+            "sampling": (gpu_sampling.run, gpu_sampling.markdown)}, gpu_exactness.failures
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -5,7 +5,7 @@ lead candidate's length, how many further pool candidates, and how many columns
 of the Jacobi window to run, to maximise the expected tokens per second of that
 step:
 
-    maximise  E / T,   E = sum_r (1 + expected accepted tokens of r's draft)
+    maximise  E / T,   E = sum_r (1 + expected accepted tokens of r's draft)   (every request decoding)
                        T = StepCost.forward(tokens in the forward, rows in branching trees)
 
 (the forward-cost model :class:`~.step_cost.StepCost` is the hardware's; the
@@ -131,27 +131,61 @@ def _logit(p: float) -> float:
 
 @dataclass
 class _Calibration:
-    """How far one request's outcomes sit from the model's predictions, on the log-odds scale:
-    ``logit(observed rate) - logit(predicted rate)`` over its decayed record, the observed rate
-    pulled towards the predicted one by :data:`PRIOR_WEIGHT` tries' worth of prior, decayed by
-    :data:`DECAY` per step like the rule's other rates."""
+    """How far outcomes sit from predictions, on the log-odds scale: ``logit(observed rate) -
+    logit(predicted rate)`` over a decayed record, the observed rate pulled towards the
+    predicted one by :data:`PRIOR_WEIGHT` tries' worth of prior, decayed by ``decay`` per step (a
+    request's: :data:`DECAY`, like the rule's other rates)."""
 
     tries: float = 0.0
     hits: float = 0.0
     expected: float = 0.0
+    decay: float = DECAY  # per observation
+    prior_weight: float = PRIOR_WEIGHT
 
     @property
     def shift(self) -> float:
         if self.tries <= 0:
             return 0.0
         predicted = self.expected / self.tries
-        observed = (self.hits + PRIOR_WEIGHT * predicted) / (self.tries + PRIOR_WEIGHT)
+        observed = (self.hits + self.prior_weight * predicted) / (self.tries + self.prior_weight)
         return _logit(observed) - _logit(predicted)
 
     def add(self, tries: int, hits: int, expected: float) -> None:
-        self.tries = DECAY * self.tries + tries
-        self.hits = DECAY * self.hits + hits
-        self.expected = DECAY * self.expected + expected
+        self.tries = self.decay * self.tries + tries
+        self.hits = self.decay * self.hits + hits
+        self.expected = self.decay * self.expected + expected
+
+    def age(self, decay: float) -> None:
+        self.tries, self.hits, self.expected = decay * self.tries, decay * self.hits, decay * self.expected
+
+
+# An engine's pooled record (PooledConfidence) ages per step, not per lead, so that it fades back to
+# no shift when nothing is drafted (a record that stopped drafts could never be corrected by drafts),
+# and needs POOLED_PRIOR_WEIGHT leads' worth of evidence to move far.
+POOLED_DECAY = 0.995  # per proposal step: about the last 200 steps
+POOLED_PRIOR_WEIGHT = 10.0
+
+
+@dataclass
+class PooledConfidence:
+    """How the leads an engine drafted for its requests of one kind (greedy, or sampled) were
+    accepted against what each request's own estimate expected of them (the lead model shifted
+    by the request's record), pooled over requests: a further log-odds shift for every request of
+    that kind.  The rule drafts where its estimates are highest, and a request's own record rests
+    on a few outcomes, so the leads it drafts are those whose estimates erred upwards (the
+    winner's curse); and a sampled request's draft token is accepted with probability ``p(x)``,
+    not whenever it is the argmax, which a model fitted on greedy replays does not know.  Measured
+    at 16 in flight on code, T=0.7, two rounds, before this record: the drafted leads' tokens
+    accepted 423 and 420 times where the rule expected 551 and 588; with it 436 and 318 where 539
+    and 356 (docs/bench/2026-11-27-lead-calibration)."""
+
+    first: _Calibration = field(default_factory=lambda: _Calibration(decay=1.0, prior_weight=POOLED_PRIOR_WEIGHT))
+    next: _Calibration = field(default_factory=lambda: _Calibration(decay=1.0, prior_weight=POOLED_PRIOR_WEIGHT))
+
+    def age(self) -> None:
+        """One proposal step has passed (:data:`POOLED_DECAY`)."""
+        self.first.age(POOLED_DECAY)
+        self.next.age(POOLED_DECAY)
 
 
 @dataclass
@@ -165,6 +199,7 @@ class LeadConfidence:
 
     first_record: _Calibration = field(default_factory=_Calibration)
     next_record: _Calibration = field(default_factory=_Calibration)
+    pooled: PooledConfidence | None = None  # the engine's drafted leads of the same kind (None: no pooled shift)
 
     @staticmethod
     def _first_logit(e: LeadEvidence) -> float:
@@ -177,11 +212,13 @@ class LeadConfidence:
 
     def first(self, e: LeadEvidence) -> float:
         """Probability that the lead's first token is accepted."""
-        return _sigmoid(self._first_logit(e) + self.first_record.shift)
+        pooled = self.pooled.first.shift if self.pooled is not None else 0.0
+        return _sigmoid(self._first_logit(e) + self.first_record.shift + pooled)
 
     def next(self, e: LeadEvidence) -> float:
         """Probability that a next lead token is accepted once the tokens before it were."""
-        return _sigmoid(self._next_logit(e) + self.next_record.shift)
+        pooled = self.pooled.next.shift if self.pooled is not None else 0.0
+        return _sigmoid(self._next_logit(e) + self.next_record.shift + pooled)
 
     def gains(self, e: LeadEvidence, length: int) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
@@ -203,12 +240,18 @@ class LeadConfidence:
             return 1
         return min(length, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
 
-    def observe(self, e: LeadEvidence, tried: int, accepted: int) -> None:
-        """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted."""
+    def observe(self, e: LeadEvidence, tried: int, accepted: int, drafted: bool = True) -> None:
+        """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted;
+        ``drafted``: the lead was drafted (not only its first token checked against the emitted
+        one), so the pooled record takes it too, against what the rule expected of it."""
         if tried <= 0:
             return
-        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(e)))
         nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
+        if drafted and self.pooled is not None:  # against the request's own estimate (the pooled shift left out)
+            self.pooled.first.add(1, int(accepted > 0), _sigmoid(self._first_logit(e) + self.first_record.shift))
+            if nexts > 0:
+                self.pooled.next.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e) + self.next_record.shift))
+        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(e)))
         if nexts > 0:
             self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e)))
 
@@ -222,12 +265,14 @@ class Acceptance:
     window_column: _Rate = field(default_factory=lambda: _Rate(PRIORS["window_column"], cap=1.0))
 
     def observe(self, *, lead: int, lead_accepted: int, candidates: int, accepted: int,
-                window_columns: int, window_accepted: int, evidence: LeadEvidence = LeadEvidence()) -> None:
+                window_columns: int, window_accepted: int, evidence: LeadEvidence = LeadEvidence(),
+                lead_drafted: bool = True) -> None:
         """One verified step: a lead of ``lead`` tokens (found on ``evidence``), of which
         ``lead_accepted`` accepted; ``candidates`` further candidates; ``accepted`` draft tokens in
         all; ``window_columns`` columns run; ``window_accepted`` accepted tokens that came from
-        window-only n-grams (drafted from the window's earlier steps)."""
-        self.lead.observe(evidence, lead, lead_accepted)
+        window-only n-grams (drafted from the window's earlier steps); ``lead_drafted``: some of the
+        lead was drafted (else only its first token was checked against the emitted one)."""
+        self.lead.observe(evidence, lead, lead_accepted, drafted=lead_drafted)
         if candidates > 0:
             self.candidate.add(max(0, accepted - lead_accepted), candidates)
         self.window_column.add(window_accepted, window_columns)
@@ -279,7 +324,11 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
               host_seconds: float = 0.0) -> list[DraftPlan]:
     """Each request's plan for the next forward (``None`` options: a request that cannot draft).
 
-    ``base_tokens``: tokens the forward carries without drafts (default: one per request).
+    ``base_tokens``: tokens the forward carries without drafts, one per request decoding, each
+    emitting one token whatever is drafted (default: one per request in ``options``).  The batch's
+    requests that are not offered here (no room, not eligible, resting) count in it: they emit their
+    token too, and a plan that counted only the offered requests would value a draft token above
+    what it adds to the batch's tokens per second.
     ``host_seconds``: what a step with any draft costs the host beyond the forward (its proposal):
     a fixed price, so it decides the step as a whole -- the plan stands only if its expected
     tokens per second, that price included, beat not drafting at all; else no request drafts.
@@ -289,7 +338,7 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     """
     n = len(options)
     tokens = float(n if base_tokens is None else base_tokens)
-    step = _Step(tokens, 0.0, float(n), cost.forward(max(tokens, 1.0)))
+    step = _Step(tokens, 0.0, max(tokens, float(n)), cost.forward(max(tokens, 1.0)))
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
     cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
                 and o.window_column_gain > 0) for o in options]

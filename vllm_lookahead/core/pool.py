@@ -56,7 +56,7 @@ class NgramPool:
         self._count = 0
 
     def _key(self, tokens: Sequence[int]) -> object:
-        return int(tokens[0]) if self.context == 1 else tuple(int(t) for t in tokens)
+        return int(tokens[0]) if self.context == 1 else tuple(map(int, tokens))
 
     def add(self, ngram: Sequence[int], source: Source = Source.OUTPUT) -> None:
         """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value.
@@ -69,7 +69,7 @@ class NgramPool:
             return
         c = self.context
         key = self._key(ngram[:c])
-        value = tuple(int(t) for t in ngram[c:])
+        value = tuple(map(int, ngram[c:]))
         values = self._table.get(key)
         if values is None:
             if len(self._table) >= self.max_keys:

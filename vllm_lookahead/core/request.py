@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .draft_length import DraftLength
-from .draft_rule import Acceptance, DraftOptions, LeadEvidence
+from .draft_rule import Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
 from .pool import SharedPools
 from .request_text import RequestText
 from .source import Source
@@ -47,6 +47,12 @@ from .window import JacobiWindow
 
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
     from vllm_lookahead.config import LookaheadConfig
+
+
+_NO_NODES = np.zeros(0, dtype=np.int64)
+_NO_NODES.setflags(write=False)
+_ROOT_SOURCES = np.zeros(1, dtype=np.int8)  # the root's Source (0)
+_ROOT_SOURCES.setflags(write=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +94,7 @@ class RequestLookahead:
         prompt_token_ids: Sequence[int],
         seed: int,
         shared: SharedPools | None = None,
+        pooled: PooledConfidence | None = None,
     ) -> None:
         self.params = params
         self.text = RequestText(params, prompt_token_ids, shared)  # its pools: lookups and learning
@@ -101,7 +108,9 @@ class RequestLookahead:
             shift=params.window_shift,
         ) if params.window_size else None
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
-        self.acceptance = Acceptance()  # what this request's drafts have been accepted at (draft rule)
+        # what this request's drafts have been accepted at (draft rule), its leads' record pulled
+        # towards ``pooled``'s (the engine's requests of the same kind) where it is thin
+        self.acceptance = Acceptance(lead=LeadConfidence(pooled=pooled))
         self._unsent: StepDraft | None = None  # last build, if it drafted nothing but had a lead
 
     @property
@@ -181,10 +190,13 @@ class RequestLookahead:
         (None: as many as fit ``budget`` whole, in order), the first ``window_columns`` window
         columns (None: the whole window if it fits ``budget``), at most ``budget`` draft nodes."""
         params = self.params
-        builder = TreeBuilder(cands.root)
         room = budget if budget is not None else 1 << 30
-        merge = params.merge_candidates if merge is None else merge
         lead_tokens = cands.lead[: min(room, len(cands.lead) if lead is None else lead)]
+        window = self.window if window_columns != 0 else None
+        if not lead_tokens and (window is None or (window_columns is not None and window.tree_nodes(window_columns) == 0)):
+            return self._nothing_drafted(cands, window_columns if window is not None else 0)
+        builder = TreeBuilder(cands.root)
+        merge = params.merge_candidates if merge is None else merge
         used = 0
         if lead_tokens:
             builder.add_chain(0, lead_tokens, needs_logits=True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)])
@@ -214,6 +226,20 @@ class RequestLookahead:
         )
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
+        return draft
+
+    def _nothing_drafted(self, cands: StepCandidates, window_columns: int) -> StepDraft:
+        """:meth:`build`'s draft when it drafts nothing (the most common step in a full batch, so
+        made without building a tree): the root alone -- with the window's first column where it
+        is the root itself (a window at its first level) -- its lead's first token kept as the
+        shadow token the next step checks."""
+        window_nodes, window_start = _NO_NODES, None
+        if window_columns and self.window is not None:
+            window_nodes, window_start = self.window.add_to_tree(TreeBuilder(cands.root), 0, window_columns), 1
+        draft = StepDraft(tree=DraftTree.root_only(cands.root), window_nodes=window_nodes, num_candidates=0,
+                          sources=_ROOT_SOURCES, window_start=window_start,
+                          shadow_token=int(cands.lead[0]) if cands.lead else -1, lead_evidence=cands.lead_evidence)
+        self._unsent = draft if draft.shadow_token >= 0 else None
         return draft
 
     def observe(
@@ -271,6 +297,7 @@ class RequestLookahead:
         """
         accepted = len(accepted_tokens) - 1
         lead = min(draft.lead_tokens, num_nodes_run - 1)
+        drafted = lead > 0
         lead_tokens = draft.tree.tokens[1 : lead + 1]
         lead_accepted = 0
         while lead_accepted < min(lead, accepted) and int(lead_tokens[lead_accepted]) == int(accepted_tokens[lead_accepted]):
@@ -289,7 +316,7 @@ class RequestLookahead:
             lead=lead, lead_accepted=lead_accepted,
             candidates=further,
             accepted=accepted, window_columns=columns, window_accepted=window_accepted,
-            evidence=draft.lead_evidence,
+            evidence=draft.lead_evidence, lead_drafted=drafted,
         )
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:

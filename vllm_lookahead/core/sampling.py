@@ -35,12 +35,15 @@ accepting the child whose token is the one so sampled, emits exactly the tokens 
 without speculation emits with that generator: a seeded request reproduces vLLM's own
 output.  A one-hot draft ``x`` is accepted with probability ``p(x)``, as under the rule
 above, and the emitted tokens are autoregressive samples of ``p`` (each position's noise is
-independent of the draft, which was fixed before it was drawn).
+independent of the draft, which was fixed before it was drawn).  :func:`coupled_walks` takes
+several requests' walks a position at a time, so that each position's sampling is one call over
+the rows of every walk still going (on a GPU one read-back per position instead of one per
+request and position).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -114,14 +117,35 @@ def coupled_walk(tree: DraftTree, first_token: int, sample_after: Callable[[int]
     one draw per emitted token.  A child is accepted when its token is the sampled one and it
     has logits (the first such child in node order).
     """
-    children = children_with_logits(tree)
-    tokens = tree.tokens
-    path: list[int] = []
-    node, token = 0, int(first_token)
-    while True:
-        child = next((c for c in children[node] if int(tokens[c]) == token), None)
-        if child is None:
-            return np.asarray(path, dtype=np.int64), token
-        path.append(child)
-        node = child
-        token = int(sample_after(node))
+    [(path, token)] = coupled_walks([(tree, first_token)], lambda reached: [sample_after(node) for _, node in reached])
+    return path, token
+
+
+def coupled_walks(walks: Sequence[tuple[DraftTree, int]],
+                  sample_after: Callable[[list[tuple[int, int]]], Sequence[int]]) -> list[tuple[np.ndarray, int]]:
+    """:func:`coupled_walk` of several trees (``(tree, first_token)`` each) taken a position at
+    a time: each round, every walk still going moves to its child carrying its token, and the
+    tokens after the nodes so reached come from one call ``sample_after([(walk, node), ...])``
+    (walks in order).  Each walk's calls are those of :func:`coupled_walk`, in the same order, so
+    a walk whose noise comes from its own generator advances it exactly as alone; the rounds
+    let the walks of a step share each sampling call (one pass over their rows, one read-back).
+    """
+    children = [children_with_logits(tree) for tree, _ in walks]
+    tokens = [int(first) for _, first in walks]
+    nodes = [0] * len(walks)
+    paths: list[list[int]] = [[] for _ in walks]
+    going = list(range(len(walks)))
+    while going:
+        moved = []
+        for w in going:
+            below = walks[w][0].tokens
+            child = next((c for c in children[w][nodes[w]] if int(below[c]) == tokens[w]), None)
+            if child is not None:
+                paths[w].append(child)
+                nodes[w] = child
+                moved.append(w)
+        if moved:
+            for w, token in zip(moved, sample_after([(w, nodes[w]) for w in moved]), strict=True):
+                tokens[w] = int(token)
+        going = moved
+    return [(np.asarray(path, dtype=np.int64), token) for path, token in zip(paths, tokens)]

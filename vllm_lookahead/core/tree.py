@@ -27,6 +27,11 @@ def _readonly(array: np.ndarray) -> np.ndarray:
     return array
 
 
+_ROOT_PARENTS = _readonly(np.array([-1], dtype=np.int32))
+_ROOT_DEPTHS = _readonly(np.array([0], dtype=np.int32))
+_ROOT_LOGITS = _readonly(np.array([True]))
+
+
 @dataclass(frozen=True, eq=False)
 class DraftTree:
     """One decode step's draft for one request, as a token tree.
@@ -41,6 +46,12 @@ class DraftTree:
     parents: np.ndarray  # int32 (n,), parents[0] == -1, 0 <= parents[i] < i
     depths: np.ndarray  # int32 (n,), depths[i] == depths[parents[i]] + 1
     logits: np.ndarray  # bool (n,), nodes that need logits; logits[0] is True
+
+    @classmethod
+    def root_only(cls, root_token: int) -> "DraftTree":
+        """The tree of a step that drafts nothing: its root alone (what :class:`TreeBuilder`
+        builds without nodes, made without one)."""
+        return cls(_readonly(np.array([int(root_token)], dtype=np.int64)), _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_LOGITS)
 
     @property
     def size(self) -> int:

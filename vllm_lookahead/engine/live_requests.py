@@ -7,7 +7,9 @@ A request's record holds, by lifetime:
 * ``draft`` -- the tree proposed for the next step, whose tokens vLLM carries as the request's
   linear draft list (``_prepare_inputs`` lays the tree out from it; :mod:`.tree_batch`);
 * ``outcome`` -- that tree verified (:class:`~.verify_step.StepOutcome`), from ``_sample`` until
-  the next proposal observes it.
+  the next proposal observes it;
+* ``idle`` / ``rest`` -- how many proposals running offered it to the draft rule for nothing, and
+  how many it still skips (``"rest_idle_requests"``, :meth:`LiveRequests.offered`).
 
 :class:`LiveRequests` is the one place that changes them over a request's life: a proposal
 takes the outcome (and the draft it verified), a new step drops outcomes nobody observed,
@@ -32,6 +34,8 @@ class LiveRequest:
     state: "RequestLookahead | None" = None
     draft: "StepDraft | None" = None
     outcome: "StepOutcome | None" = None
+    idle: int = 0  # proposals running that offered it to the draft rule and drafted nothing
+    rest: int = 0  # proposals it still skips
 
 
 class LiveRequests:
@@ -76,6 +80,23 @@ class LiveRequests:
             return None
         outcome, record.outcome, record.draft = record.outcome, None, None
         return outcome
+
+    def resting(self, req_id: str) -> bool:
+        """Whether the request skips this proposal (one of its rest's proposals is spent); never
+        while it has an outcome to observe."""
+        record = self._records.get(req_id)
+        if record is None or record.rest <= 0 or record.outcome is not None:
+            return False
+        record.rest -= 1
+        return True
+
+    def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
+        """The request was offered to the draft rule and ``drafted`` or not: after two proposals
+        running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
+        rest), and a draft ends its idleness."""
+        record = self._records.setdefault(req_id, LiveRequest())
+        record.idle = 0 if drafted else record.idle + 1
+        record.rest = min(max_rest, 1 << (record.idle - 2)) if record.idle >= 2 else 0
 
     def new_step(self) -> None:
         """A step begins: outcomes of the last one that no proposal observed are dropped."""

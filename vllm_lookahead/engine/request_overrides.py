@@ -63,6 +63,7 @@ PER_ENGINE = {
     "measure_drafting": "it times the whole batch's steps, not one request's",
     "price_host_work": "it prices the whole batch's host work, not one request's",
     "price_verification": "the price is learnt from the whole engine's verified trees",
+    "rest_idle_requests": "whether proposing pays is measured over the whole engine's proposals",
 }
 
 _ON = {"on": True, "off": False}

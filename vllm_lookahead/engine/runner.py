@@ -42,7 +42,7 @@ import torch
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft
-from vllm_lookahead.core.draft_rule import lead_floor
+from vllm_lookahead.core.draft_rule import PooledConfidence, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest, draft_step
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.engine.cost_profile import agree_across_ranks, profile_forward_cost
@@ -78,6 +78,8 @@ class RunnerLookahead:
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_params(cfg) if cfg.shared_pool else None
+        # how greedy / sampled requests' leads have been accepted, the prior of each new one's record
+        self.pooled = {True: PooledConfidence(), False: PooledConfidence()}
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
@@ -203,7 +205,8 @@ class RunnerLookahead:
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         """Observe this step's outcome per request and return next step's draft tokens (vLLM order):
-        every request observes (window, pools, acceptance); those with room get candidates; one
+        every request observes (window, pools, acceptance) -- but one resting after proposals
+        that drafted nothing (``"rest_idle_requests"``) -- those with room get candidates; one
         :func:`~vllm_lookahead.core.drafting.draft_step` builds the step's trees."""
         t0 = time.perf_counter()
         decoding = sum(1 for s in sampled_token_ids if s)
@@ -214,11 +217,16 @@ class RunnerLookahead:
         can_draft = can_draft and not gated and not (rule and self.timing.resting())
         skipped = "measured_slower" if gated else "batch_full"
         floor = lead_floor(self.timing.model(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
+        for pooled in self.pooled.values():
+            pooled.age()
+        max_rest = self.timing.request_rest(decoding) if rule and can_draft else 0
         drafts: list[list[int]] = []
         wanted: list[tuple[int, str, DraftRequest, ThinkingLimit | None]] = []
         for i, req_id in enumerate(self.runner.input_batch.req_ids):
             drafts.append([])
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
+            if new_tokens and can_draft and self.live.resting(req_id):
+                continue  # idle: no lookups this step, its pools catch up when it proposes again
             history = token_ids_cpu[i, : int(num_tokens_no_spec[i])] if new_tokens else None
             state = self._observe(req_id, new_tokens, history, can_draft)
             if state is None or not can_draft:
@@ -234,7 +242,11 @@ class RunnerLookahead:
                            host_seconds=self.timing.host_seconds(decoding))
         for (i, req_id, request, thinking), draft in zip(wanted, built):
             drafts[i] = self._emit(req_id, draft, request.room, thinking)
+            if rule:
+                self.live.offered(req_id, bool(drafts[i]), max_rest)
         seconds = time.perf_counter() - t0
+        if rule and can_draft:
+            self.timing.proposed_for(seconds, len(wanted))
         if rule and can_draft and self.timing.price_host:
             self.timing.proposed(seconds, decoding, sum(1 for d in drafts if d),
                                  offered=any(w[2].candidates.lead for w in wanted))
@@ -252,11 +264,12 @@ class RunnerLookahead:
         state = self.live.state(req_id)
         if state is None:
             req_state = self.runner.requests[req_id]
-            prompt = req_state.prompt_token_ids or []
+            prompt, sp = req_state.prompt_token_ids or [], req_state.sampling_params
             # the request's own settings (extra_args), validated where vLLM accepted it
-            cfg, shared = request_overrides.for_request(self.config, req_state.sampling_params, self.shared)
-            state = self.live.add_state(req_id, RequestLookahead(cfg, prompt, seed=window_seed(cfg.seed, prompt),
-                                                                 shared=shared))
+            cfg, shared = request_overrides.for_request(self.config, sp, self.shared)
+            state = self.live.add_state(req_id, RequestLookahead(
+                cfg, prompt, seed=window_seed(cfg.seed, prompt), shared=shared,
+                pooled=self.pooled[sp is None or eligibility.is_greedy(sp)]))
         if outcome is not None:
             assert outcome.draft is not None
             state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)

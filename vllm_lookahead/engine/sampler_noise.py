@@ -14,7 +14,8 @@ ways, by the sampler implementation the platform picked (``TopKTopPSampler``,
 
 :meth:`SamplerNoise.sample` draws the next token's noise the same way and samples with it, so
 verification (:func:`vllm_lookahead.core.sampling.coupled_walk`) consumes a seeded request's
-generator exactly as sampling without speculation does.  Other implementations (FlashInfer,
+generator exactly as sampling without speculation does; :meth:`SamplerNoise.sample_rows` does it
+for the rows of several requests' walks in one pass (each row with its own generator's next noise).  Other implementations (FlashInfer,
 ROCm's aiter, XPU) have no per-token noise to mirror: :meth:`SamplerNoise.of` returns None
 and verification keeps the SpecInfer rule (exact in distribution, not token for token).
 """
@@ -22,7 +23,7 @@ and verification keeps the SpecInfer rule (exact in distribution, not token for 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -47,16 +48,23 @@ class SamplerNoise:
     def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
         """The token vLLM's sampler would draw from ``logits`` (``[1, vocab]``, after temperature
         and top-k/top-p), with the next noise of ``generator`` (None: the global stream)."""
+        return self.sample_rows(logits, [generator])[0]
+
+    def sample_rows(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
+        """:meth:`sample` for each row of ``logits`` (``[rows, vocab]``) with the next noise of its
+        generator, in one pass: per row the seed / noise vector that row's call of :meth:`sample`
+        would draw (generators in row order), the argmax of every row at once, one read-back."""
         if self.kind == "splitmix":
-            seeds = torch.randint(0, 2**31, (1,), generator=generator, dtype=torch.long) if generator is not None \
-                else torch.randint(0, 2**31, (1,), dtype=torch.long)
-            return int(torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), seeds)[0])
+            seeds = torch.cat([torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long) if g is not None
+                               else torch.randint(0, 2**31, (1,), dtype=torch.long) for g in generators])
+            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), seeds).tolist()
         from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         q = empty_exponential_noise_like(probs, self.fp64)
-        if generator is not None:
-            q[0].exponential_(generator=generator)
-        else:
-            q.exponential_()
-        return int(sample_with_exponential_noise(probs, q)[0])
+        for row, generator in zip(q, generators, strict=True):
+            if generator is not None:
+                row.exponential_(generator=generator)
+            else:
+                row.exponential_()
+        return sample_with_exponential_noise(probs, q).tolist()

@@ -13,7 +13,7 @@ trees), outside the step's clock; measured per decoding request over the steps t
 is what :meth:`host_seconds` hands the draft rule as the fixed price of drafting at all
 (``"price_host_work"``, opt-in).  Verification: each request's tree is verified on the host
 (its target distributions, the walk; :mod:`.verify_step`) at a cost per request whatever the
-tree's size -- a sampled request's ~0.6 ms on the 2-core CPU, a greedy one's ~0.07 ms -- which a
+tree's size -- a sampled request's ~0.4 ms on the 2-core CPU, a greedy one's ~0.07 ms -- which a
 price per row would miss: a one-token draft then costs as much to verify as a long one.  So that
 time is measured per verified tree (greedy and sampled apart), taken out of the step's clock, and
 handed to the draft rule as each drafting request's own fixed price (:meth:`verify_seconds`,
@@ -22,7 +22,10 @@ offered on two proposing steps running, where proposing costs at least ``REST_MI
 bare forward, *rests*:
 the next 1, 2, 4 ... up to ``MAX_REST`` steps propose nothing (no lookups; the pools catch up
 when the batch proposes again), the rest doubling each time it recurs and back to 1 after a step
-that drafted.  Neither under tensor parallelism, where every rank must plan alike.
+that drafted.  Per request (``"rest_idle_requests"``, on by default): where proposing costs at
+least that share, a request offered to the rule for nothing on two proposals running skips the
+next 1, 2, 4 ... up to ``REQUEST_MAX_REST`` proposals (:meth:`request_rest`; the other requests
+propose as usual).  Neither under tensor parallelism, where every rank must plan alike.
 
 Clocks, in the order :class:`~.runner.RunnerLookahead`'s hooks run them: :meth:`step_started`
 (``_prepare_inputs``) -> :meth:`tree_rows` -> :meth:`step_sampled` (after sampling and
@@ -49,9 +52,11 @@ MAX_REST = 16  # steps: the longest rest from proposing (a rest never outlasts a
 HOST_DECAY = 0.95  # weight of the past per proposing step in the host price
 # A rest only where proposing costs at least this share of the batch's bare forward: a rest saves
 # the proposal and can miss a draft that would have paid, and where proposing is cheap (batch 1-4
-# on the 2-core CPU: 1-1.5 % of the step; docs/results.md, "Host work priced") there is little to save.
+# on the 2-core CPU: 1-1.5 % of the step; docs/archive/results-2026-11.md#table-2210) there is little to save.
 REST_MIN_SHARE = 0.02
 VERIFY_DECAY = 0.95  # weight of the past per verified tree in the verification price
+REQUEST_MAX_REST = 8  # proposals: the longest rest of one idle request ("rest_idle_requests")
+PROPOSAL_DECAY = 0.95  # weight of the past per proposing step in the proposal's cost per request
 
 
 class StepTiming:
@@ -74,6 +79,8 @@ class StepTiming:
         self.price_verify = config.cost_rule and config.price_verification
         self._verify = {True: (0.0, 0.0), False: (0.0, 0.0)}  # greedy or not: decayed (seconds, trees verified)
         self._verified_now = 0.0  # this step's verification time (kept out of the forward's clock)
+        self.rest_requests = config.cost_rule and config.rest_idle_requests
+        self._proposal_cost = (0.0, 0.0)  # decayed (proposal seconds, requests proposed for)
 
     def model(self) -> StepCost:
         """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
@@ -182,6 +189,28 @@ class StepTiming:
         if self._quiet >= 2:
             self._quiet, self._rest = 0, self._next_rest
             self._next_rest = min(2 * self._next_rest, MAX_REST)
+
+    def proposed_for(self, seconds: float, requests: int) -> None:
+        """A proposal did the work of ``requests`` requests (observed, looked up, planned) in
+        ``seconds``: what proposing costs per request, which :meth:`request_rest` weighs."""
+        if self.frozen or requests <= 0:
+            return
+        s, n = self._proposal_cost
+        self._proposal_cost = (PROPOSAL_DECAY * s + seconds, PROPOSAL_DECAY * n + requests)
+
+    def request_rest(self, decoding: int) -> int:
+        """The longest rest an idle request may take at ``decoding`` requests in flight
+        (``"rest_idle_requests"``): :data:`REQUEST_MAX_REST` proposals where proposing for
+        every request costs at least ``REST_MIN_SHARE`` of the bare forward -- at 16-32 in flight
+        on the 2-core CPU 3-4 % -- else 0, as where proposing is cheap (batch 1: ~1 %) a rest
+        saves little and may miss a draft that would have paid.  0 when off, before anything is
+        measured, and under tensor parallelism (no rank may decide from its own timings)."""
+        seconds, requests = self._proposal_cost
+        if not self.rest_requests or self.frozen or requests <= 0 or decoding <= 0:
+            return 0
+        if seconds / requests * decoding < REST_MIN_SHARE * self.model().forward(decoding):
+            return 0
+        return REQUEST_MAX_REST
 
     def any_draft_pays(self, decoding: int) -> bool:
         """Whether even a certain draft token would raise the batch's tokens/s (the cost rule's

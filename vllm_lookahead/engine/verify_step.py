@@ -12,10 +12,11 @@ we instead:
    path; temperature, top-k/top-p);
    greedy requests: :func:`vllm_lookahead.core.greedy_verify` against its argmax
    (longest match plus the bonus token; the root must agree with vLLM's own
-   sample); random ones: :func:`vllm_lookahead.core.sampling.coupled_walk`, the walk
+   sample); random ones: :func:`vllm_lookahead.core.sampling.coupled_walks`, the walk
    coupled to the noise vLLM's sampler draws per token (:mod:`.sampler_noise`; the root's
    token is vLLM's own sample), so a seeded request emits the tokens vLLM emits without
-   speculation -- or, for sampler implementations without such noise, SpecInfer's
+   speculation, the step's walks taken a position at a time (one sampling pass per position
+   over every request still walking) -- or, for sampler implementations without such noise, SpecInfer's
    multi-candidate rule (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`);
    both exact in distribution;
 3. move the accepted path's KV into the slots right after the root
@@ -34,14 +35,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from vllm_lookahead.core import StepDraft, greedy_verify
-from vllm_lookahead.core.sampling import coupled_walk, tree_speculative_sample
+from vllm_lookahead.core.sampling import coupled_walks, tree_speculative_sample
 from vllm_lookahead.engine import target_dist
 from vllm_lookahead.engine.sampler_noise import SamplerNoise
 from vllm_lookahead.engine.tree_batch import TreeBatch
@@ -79,32 +80,37 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     tree_logits = logits[batch.tree_logit_rows]
     tree_argmax = tree_logits.argmax(dim=-1).cpu().numpy()
 
+    items = []
+    cursor = 0
+    for tr in batch.requests:
+        k = len(tr.logit_nodes)
+        argmax = np.full(tr.num_nodes, -1, dtype=np.int64)
+        argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
+        t0 = time.perf_counter()
+        items.append(_prepare(runner, sm, tr, tree_logits[cursor : cursor + k], argmax, root_tokens[tr.batch_index]))
+        items[-1].seconds += time.perf_counter() - t0
+        cursor += k
+    _walk_together(runner, sm, [item for item in items if item.path is None])
+
     outputs: list[list[int]] = [[t] for t in root_tokens]
     outcomes: dict[str, StepOutcome] = {}
     emitted_rows: dict[int, tuple[torch.Tensor, list[int]]] = {}  # batch index -> (logprob rows, tokens)
     src_slots: list[int] = []
     dst_slots: list[int] = []
-    cursor = 0
-    for tr in batch.requests:
-        n = tr.num_nodes
-        k = len(tr.logit_nodes)
-        rows = slice(cursor, cursor + k)
-        cursor += k
-        argmax = np.full(n, -1, dtype=np.int64)
-        argmax[tr.logit_nodes] = tree_argmax[rows]
-        t0 = time.perf_counter()
-        decision = _decide(runner, sm, tr, tree_logits[rows], argmax, root_tokens[tr.batch_index])
-        seconds = time.perf_counter() - t0
-        path, last = decision.path, decision.last
-        tokens = [*tr.tree.tokens[path].tolist(), int(last)]
+    for item in items:
+        tr, path = item.tr, item.path
+        assert path is not None
+        tokens = [*tr.tree.tokens[path].tolist(), item.last]
         outputs[tr.batch_index] = tokens
-        if decision.logprob_rows is not None:
-            emitted_rows[tr.batch_index] = (decision.logprob_rows, tokens)
+        if sm.max_num_logprobs is not None:
+            t0 = time.perf_counter()
+            emitted_rows[tr.batch_index] = (_logprob_rows(runner, sm, item), tokens)
+            item.seconds += time.perf_counter() - t0
         for depth, node in enumerate(path.tolist(), start=1):
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
-        outcomes[tr.req_id] = StepOutcome(tr.draft, n, argmax, path, target_dist.is_greedy(sm, tr.batch_index), seconds)
+        outcomes[tr.req_id] = StepOutcome(tr.draft, tr.num_nodes, item.argmax, path, item.greedy, item.seconds)
 
     if src_slots:
         assert batch.slot_mapping is not None and batch.kv is not None
@@ -145,19 +151,39 @@ def sample_one_row_per_request(sampler: Any, logits: torch.Tensor, sampling_meta
 
 
 @dataclass
-class _Decision:
-    path: np.ndarray  # accepted node ids, depth 1 down
-    last: int  # the token after them (bonus or residual sample)
-    logprob_rows: torch.Tensor | None = None  # [len(path) + 1, vocab] rows the emitted tokens' logprobs come from
+class _Verifying:
+    """One tree request through verification: its rows, its target distribution, then its path."""
+
+    tr: Any  # the TreeRequest
+    rows: torch.Tensor  # its logit rows, as the forward returned them
+    argmax: np.ndarray  # (num_nodes,) argmax per node, -1 without logits
+    greedy: bool
+    processed: torch.Tensor | None  # its rows after steps 1-5 of target_dist (None: nothing to apply)
+    root_token: int  # vLLM's own sample after the root
+    path: np.ndarray | None = None  # the accepted node ids, depth 1 down (None: its walk is still to come)
+    last: int = -1  # the token after them (bonus or residual sample)
+    seconds: float = 0.0  # host time spent on it
+    _sampling: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def row_of(self, node: int) -> int:
+        return int(np.searchsorted(self.tr.logit_nodes, node))
+
+    def sampling_row(self, sm: Any, node: int) -> torch.Tensor:
+        """Temperature and top-k/top-p for one node's row (only for the nodes a walk reaches)."""
+        if node not in self._sampling:
+            assert self.processed is not None
+            self._sampling[node] = target_dist.sampling_logits(self.processed[self.row_of(node)].unsqueeze(0), sm,
+                                                               self.tr.batch_index)[0]
+        return self._sampling[node]
 
 
-def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarray, root_token: int) -> _Decision:
-    """Verify one tree request: greedy (longest match with the target's argmax) or random
-    (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample` over the processed distribution)."""
+def _prepare(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarray, root_token: int) -> _Verifying:
+    """One tree request's target distribution, and its path where it needs no walk: greedy ones
+    (longest match with the target's argmax) and, for sampler implementations without noise to
+    mirror, random ones (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`)."""
     i = tr.batch_index
-    req_state = runner.requests[tr.req_id]
-    sp = req_state.sampling_params
-    output = req_state.output_token_ids
+    sp = runner.requests[tr.req_id].sampling_params
+    output = runner.requests[tr.req_id].output_token_ids
     min_tokens = None
     if sp is not None and sp.min_tokens and len(output) < sp.min_tokens:
         min_tokens = (sp.min_tokens, sp.all_stop_token_ids, sp.structured_outputs is not None)
@@ -168,7 +194,7 @@ def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarra
         processed = target_dist.processed_logits(rows, node_rows, sm, output, min_tokens)
     elif not greedy:
         processed = rows.to(torch.float32)  # nothing but temperature and top-k/top-p to apply
-    row_of = {int(node): j for j, node in enumerate(tr.logit_nodes.tolist())}
+    item = _Verifying(tr, rows, argmax, greedy, processed, root_token)
     if greedy:
         target = argmax
         if processed is not None:
@@ -177,54 +203,65 @@ def _decide(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarra
         if target[0] != root_token:
             # vLLM's sampler and this module disagree on the root (fp rounding of a tie): its token stands.
             logger.warning("lookahead: sampler and argmax disagree at the root of %s; drafts ignored", tr.req_id)
-            path, last = np.zeros(0, dtype=np.int64), root_token
+            item.path, item.last = np.zeros(0, dtype=np.int64), root_token
         else:
-            path, last = greedy_verify(tr.tree, target)
-    else:
-        # Temperature and top-k/top-p only for the nodes the walk reaches (one or a few).
-        sampling_rows: dict[int, torch.Tensor] = {}
+            item.path, item.last = greedy_verify(tr.tree, target)
+    elif SamplerNoise.of(runner.sampler) is None:
+        # SpecInfer's rule over the same distributions, uniforms from the request's generator.
+        def probs(node: int) -> np.ndarray:
+            return item.sampling_row(sm, node).softmax(dim=-1, dtype=torch.float32).to(torch.float64).cpu().numpy()
 
-        def sampling_row(node: int) -> torch.Tensor:
-            if node not in sampling_rows:
-                sampling_rows[node] = target_dist.sampling_logits(processed[row_of[node]].unsqueeze(0), sm, i)[0]
-            return sampling_rows[node]
+        draws = _uniforms(sm.generators.get(i), tr.tree.size + 1)
+        item.path, item.last = tree_speculative_sample(tr.tree, probs, lambda: next(draws))
+    item.last = int(item.last)
+    return item
 
-        path, last = _sample_walk(runner, tr.tree, sampling_row, sm.generators.get(i), root_token)
-    if sm.max_num_logprobs is None:
-        return _Decision(path, int(last))
-    # Each emitted token's logprob comes from the row of the node it was emitted after, in the
-    # engine's logprobs mode: raw (vLLM's default) or processed (as vLLM's sampler returns them).
-    emitted_from = [0, *path.tolist()]
+
+def _walk_together(runner: Any, sm: Any, items: list[_Verifying]) -> None:
+    """The random requests' paths, coupled to vLLM's sampler noise
+    (:func:`~vllm_lookahead.core.sampling.coupled_walks`): the root's token is the one vLLM's
+    sampler drew, each accepted node's next token drawn with the noise that sampler would draw
+    for that position -- a seeded request emits vLLM's own tokens -- one sampling pass per
+    position over every walk still going, its time shared among their requests."""
+    if not items:
+        return
+    noise = SamplerNoise.of(runner.sampler)
+    assert noise is not None
+
+    def sample_after(reached: list[tuple[int, int]]) -> list[int]:
+        t0 = time.perf_counter()
+        rows = torch.stack([items[w].sampling_row(sm, node) for w, node in reached])
+        tokens = noise.sample_rows(rows, [sm.generators.get(items[w].tr.batch_index) for w, _ in reached])
+        share = (time.perf_counter() - t0) / len(reached)
+        for w, _ in reached:
+            items[w].seconds += share
+        return tokens
+
+    walked = coupled_walks([(item.tr.tree, item.root_token) for item in items], sample_after)
+    for item, (path, last) in zip(items, walked, strict=True):
+        item.path, item.last = path, int(last)
+
+
+def _logprob_rows(runner: Any, sm: Any, item: _Verifying) -> torch.Tensor:
+    """The rows the emitted tokens' logprobs come from: each token's is the row of the node it
+    was emitted after, in the engine's logprobs mode -- raw (vLLM's default) or processed (as
+    vLLM's sampler returns them)."""
+    assert item.path is not None
+    emitted_from = [0, *item.path.tolist()]
     mode = runner.sampler.logprobs_mode
-    if mode.startswith("raw") or processed is None:
-        index = torch.tensor([row_of[node] for node in emitted_from], device=rows.device)
-        lp = rows.index_select(0, index).to(torch.float32)
-    elif greedy:
-        index = torch.tensor([row_of[node] for node in emitted_from], device=rows.device)
-        lp = processed.index_select(0, index)
+    if mode.startswith("raw") or item.processed is None:
+        lp = item.rows.index_select(0, _row_index(item, emitted_from)).to(torch.float32)
+    elif item.greedy:
+        lp = item.processed.index_select(0, _row_index(item, emitted_from))
     else:  # processed modes of a random request: the rows it was sampled from
-        lp = torch.stack([sampling_row(node) for node in emitted_from]).to(torch.float32)
+        lp = torch.stack([item.sampling_row(sm, node) for node in emitted_from]).to(torch.float32)
     if mode.endswith("logprobs"):
         lp = lp.log_softmax(dim=-1, dtype=torch.float32)
-    return _Decision(path, int(last), lp)
+    return lp
 
 
-def _sample_walk(runner: Any, tree: Any, sampling_row: Any, generator: torch.Generator | None,
-                 root_token: int) -> tuple[np.ndarray, int]:
-    """A random request's path: coupled to vLLM's sampler noise (the root's token is the one
-    vLLM's sampler drew, each accepted node's next token drawn with the noise that sampler
-    would draw for that position -- a seeded request emits vLLM's own tokens), or, where the
-    sampler's noise cannot be mirrored (:class:`~.sampler_noise.SamplerNoise`), SpecInfer's
-    rule over the same distributions with uniforms from the request's generator."""
-    noise = SamplerNoise.of(runner.sampler)
-    if noise is not None:
-        return coupled_walk(tree, root_token, lambda node: noise.sample(sampling_row(node).unsqueeze(0), generator))
-
-    def probs(node: int) -> np.ndarray:
-        return sampling_row(node).softmax(dim=-1, dtype=torch.float32).to(torch.float64).cpu().numpy()
-
-    draws = _uniforms(generator, tree.size + 1)
-    return tree_speculative_sample(tree, probs, lambda: next(draws))
+def _row_index(item: _Verifying, nodes: list[int]) -> torch.Tensor:
+    return torch.tensor([item.row_of(node) for node in nodes], device=item.rows.device)
 
 
 def _paths(tree: Any, nodes: np.ndarray) -> list[list[int]]:
