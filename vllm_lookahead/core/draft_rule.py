@@ -133,8 +133,9 @@ def _logit(p: float) -> float:
 class _Calibration:
     """How far outcomes sit from predictions, on the log-odds scale: ``logit(observed rate) -
     logit(predicted rate)`` over a decayed record, the observed rate pulled towards the
-    predicted one by :data:`PRIOR_WEIGHT` tries' worth of prior, decayed by ``decay`` per step (a
-    request's: :data:`DECAY`, like the rule's other rates)."""
+    predicted one by ``prior_weight`` tries' worth of prior (a request's: :data:`PRIOR_WEIGHT`),
+    decayed by ``decay`` per observation (a request's: :data:`DECAY`, like the rule's other rates;
+    the pooled record ages per step instead, :meth:`age`)."""
 
     tries: float = 0.0
     hits: float = 0.0
@@ -243,7 +244,7 @@ class LeadConfidence:
     def observe(self, e: LeadEvidence, tried: int, accepted: int, drafted: bool = True) -> None:
         """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted;
         ``drafted``: the lead was drafted (not only its first token checked against the emitted
-        one), so the pooled record takes it too, against what the rule expected of it."""
+        one), so the pooled record takes it too, against the request's own estimate of it."""
         if tried <= 0:
             return
         nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss

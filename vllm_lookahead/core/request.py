@@ -108,8 +108,8 @@ class RequestLookahead:
             shift=params.window_shift,
         ) if params.window_size else None
         self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
-        # what this request's drafts have been accepted at (draft rule), its leads' record pulled
-        # towards ``pooled``'s (the engine's requests of the same kind) where it is thin
+        # what this request's drafts have been accepted at (draft rule), its leads' estimates
+        # shifted by ``pooled`` (how the engine's drafted leads of the same kind fared against them)
         self.acceptance = Acceptance(lead=LeadConfidence(pooled=pooled))
         self._unsent: StepDraft | None = None  # last build, if it drafted nothing but had a lead
 

@@ -78,7 +78,7 @@ class RunnerLookahead:
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_params(cfg) if cfg.shared_pool else None
-        # how greedy / sampled requests' leads have been accepted, the prior of each new one's record
+        # how greedy / sampled requests' drafted leads fared against their estimates (a shift for each kind)
         self.pooled = {True: PooledConfidence(), False: PooledConfidence()}
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
