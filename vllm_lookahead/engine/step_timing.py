@@ -43,20 +43,20 @@ from typing import Any, Iterable
 import torch
 
 from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core.decayed import DecayedRatio
 from vllm_lookahead.core.draft_gate import DraftGate
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.engine.cost_profile import fallback_cost
 
 logger = logging.getLogger("vllm.lookahead")
 MAX_REST = 16  # steps: the longest rest from proposing (a rest never outlasts a short completion by much)
-HOST_DECAY = 0.95  # weight of the past per proposing step in the host price
+HOST_DECAY = 0.95  # weight of the past per proposing step in the host prices (per request decoding, proposed for)
 # A rest only where proposing costs at least this share of the batch's bare forward: a rest saves
 # the proposal and can miss a draft that would have paid, and where proposing is cheap (batch 1-4
 # on the 2-core CPU: 1-1.5 % of the step; docs/archive/results-2026-11.md#table-2210) there is little to save.
 REST_MIN_SHARE = 0.02
 VERIFY_DECAY = 0.95  # weight of the past per verified tree in the verification price
 REQUEST_MAX_REST = 8  # proposals: the longest rest of one idle request ("rest_idle_requests")
-PROPOSAL_DECAY = 0.95  # weight of the past per proposing step in the proposal's cost per request
 
 
 class StepTiming:
@@ -72,15 +72,15 @@ class StepTiming:
         self._proposal: tuple[float, bool] | None = None  # the last proposal's time and whether it drafted
         self._decode_step = False  # whether the step since that proposal was decode-only
         self.price_host = config.cost_rule and config.price_host_work
-        self._host = (0.0, 0.0)  # decayed (proposal seconds, decoding requests) of proposing steps
+        self._host = DecayedRatio(HOST_DECAY)  # proposal seconds per decoding request of proposing steps
         self._quiet = 0  # proposing steps running whose plan drafted nothing
         self._rest = 0  # steps left in the current rest
         self._next_rest = 1
         self.price_verify = config.cost_rule and config.price_verification
-        self._verify = {True: (0.0, 0.0), False: (0.0, 0.0)}  # greedy or not: decayed (seconds, trees verified)
+        self._verify = {True: DecayedRatio(VERIFY_DECAY), False: DecayedRatio(VERIFY_DECAY)}  # greedy or not: seconds per tree
         self._verified_now = 0.0  # this step's verification time (kept out of the forward's clock)
         self.rest_requests = config.cost_rule and config.rest_idle_requests
-        self._proposal_cost = (0.0, 0.0)  # decayed (proposal seconds, requests proposed for)
+        self._proposal_cost = DecayedRatio(HOST_DECAY)  # proposal seconds per request proposed for
 
     def model(self) -> StepCost:
         """The forward-cost model (the bundled CPU profile until the engine's own exists)."""
@@ -128,18 +128,17 @@ class StepTiming:
         if not self.price_verify or self.frozen:
             return
         for outcome in outcomes:
-            seconds, trees = self._verify[outcome.greedy]
-            self._verify[outcome.greedy] = (VERIFY_DECAY * seconds + outcome.seconds, VERIFY_DECAY * trees + 1.0)
+            self._verify[outcome.greedy].add(outcome.seconds)
             self._verified_now += outcome.seconds
 
     def verify_seconds(self, greedy: bool) -> float:
         """What verifying one request's tree costs the host (greedy or sampled; 0 until
         measured, when not priced, and under tensor parallelism, where no rank may decide from
         its own timings)."""
-        seconds, trees = self._verify[greedy]
-        if not self.price_verify or self.frozen or trees <= 0:
+        per_tree = self._verify[greedy].ratio
+        if not self.price_verify or self.frozen or per_tree is None:
             return 0.0
-        return seconds / trees
+        return per_tree
 
     def allow_drafts(self, now: float, decoding: int, sampled_token_ids: list[list[int]], can_draft: bool) -> bool:
         """Whether the gate lets the next step draft, once it has seen the decode-only step that
@@ -158,10 +157,10 @@ class StepTiming:
     def host_seconds(self, decoding: int) -> float:
         """The proposal's work for ``decoding`` requests, measured (0 when not priced or not
         measured yet)."""
-        seconds, requests = self._host
-        if not self.price_host or self.frozen or requests <= 0:
+        per_request = self._host.ratio
+        if not self.price_host or self.frozen or per_request is None:
             return 0.0
-        return seconds / requests * decoding
+        return per_request * decoding
 
     def resting(self) -> bool:
         """Whether this step proposes nothing (a rest after plans that drafted nothing)."""
@@ -177,12 +176,11 @@ class StepTiming:
         candidate at all costs only its lookups, and the next step may have one)."""
         if not self.price_host or self.frozen or decoding <= 0:
             return  # under tensor parallelism no rank may decide from its own timings
-        s, n = self._host
-        self._host = (HOST_DECAY * s + seconds, HOST_DECAY * n + decoding)
+        self._host.add(seconds, decoding)
         if drafted:
             self._quiet, self._next_rest = 0, 1
             return
-        proposal = self._host[0] / self._host[1] * decoding
+        proposal = self._host.ratio * decoding
         if not offered or proposal < REST_MIN_SHARE * self.model().forward(decoding):
             return  # nothing to leave out, or a proposal too cheap for a rest to save much
         self._quiet += 1
@@ -195,8 +193,7 @@ class StepTiming:
         ``seconds``: what proposing costs per request, which :meth:`request_rest` weighs."""
         if self.frozen or requests <= 0:
             return
-        s, n = self._proposal_cost
-        self._proposal_cost = (PROPOSAL_DECAY * s + seconds, PROPOSAL_DECAY * n + requests)
+        self._proposal_cost.add(seconds, requests)
 
     def request_rest(self, decoding: int) -> int:
         """The longest rest an idle request may take at ``decoding`` requests in flight
@@ -205,10 +202,10 @@ class StepTiming:
         on the 2-core CPU 3-4 % -- else 0, as where proposing is cheap (batch 1: ~1 %) a rest
         saves little and may miss a draft that would have paid.  0 when off, before anything is
         measured, and under tensor parallelism (no rank may decide from its own timings)."""
-        seconds, requests = self._proposal_cost
-        if not self.rest_requests or self.frozen or requests <= 0 or decoding <= 0:
+        per_request = self._proposal_cost.ratio
+        if not self.rest_requests or self.frozen or per_request is None or decoding <= 0:
             return 0
-        if seconds / requests * decoding < REST_MIN_SHARE * self.model().forward(decoding):
+        if per_request * decoding < REST_MIN_SHARE * self.model().forward(decoding):
             return 0
         return REQUEST_MAX_REST
 

@@ -78,7 +78,9 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     sampled = sample_one_row_per_request(runner.sampler, logits[batch.sample_rows], sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
     tree_logits = logits[batch.tree_logit_rows]
-    tree_argmax = tree_logits.argmax(dim=-1).cpu().numpy()
+    # float32 first, as vLLM's sampler does: exact for 16-bit logits (same argmax, ties included),
+    # and on the CPU a float32 argmax plus the conversion is ~4x faster than a bfloat16 argmax.
+    tree_argmax = tree_logits.to(torch.float32).argmax(dim=-1).cpu().numpy()
 
     items = []
     cursor = 0
@@ -120,10 +122,8 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
         batch.kv.move(slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
 
     max_len = max(len(o) for o in outputs)
-    token_ids = torch.full((num_reqs, max_len), PLACEHOLDER, dtype=torch.int32)
-    for i, out in enumerate(outputs):
-        token_ids[i, : len(out)] = torch.tensor(out, dtype=torch.int32)
-    token_ids = token_ids.to(sampled.sampled_token_ids.device)
+    padded = [out + [PLACEHOLDER] * (max_len - len(out)) for out in outputs]
+    token_ids = torch.tensor(padded, dtype=torch.int32).to(sampled.sampled_token_ids.device)
     logprobs = _logprobs_grid(runner, sampled.logprobs_tensors, sm, num_reqs, max_len, emitted_rows)
     return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), outcomes
 
