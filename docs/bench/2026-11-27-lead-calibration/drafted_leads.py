@@ -32,8 +32,8 @@ count: collections.Counter = collections.Counter()
 plan_step, verify = drafting.plan_step, verify_step.verify_step
 
 
-def counted_plan(options, cost, base_tokens=None, host_seconds=0.0):
-    plans = plan_step(options, cost, base_tokens=base_tokens, host_seconds=host_seconds)
+def counted_plan(options, cost, **kwargs):
+    plans = plan_step(options, cost, **kwargs)
     for o, p in zip(options, plans):
         if o is not None and p.lead > 0:
             count["plans"] += 1
