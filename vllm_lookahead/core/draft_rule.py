@@ -152,9 +152,10 @@ class _Calibration:
         return _logit(observed) - _logit(predicted)
 
     def add(self, tries: int, hits: int, expected: float) -> None:
-        self.tries = self.decay * self.tries + tries
-        self.hits = self.decay * self.hits + hits
-        self.expected = self.decay * self.expected + expected
+        self.age(self.decay)
+        self.tries += tries
+        self.hits += hits
+        self.expected += expected
 
     def age(self, decay: float) -> None:
         self.tries, self.hits, self.expected = decay * self.tries, decay * self.hits, decay * self.expected

@@ -190,8 +190,9 @@ class StepTiming:
 
     def proposed_for(self, seconds: float, requests: int) -> None:
         """A proposal did the work of ``requests`` requests (observed, looked up, planned) in
-        ``seconds``: what proposing costs per request, which :meth:`request_rest` weighs."""
-        if self.frozen or requests <= 0:
+        ``seconds``: what proposing costs per request, which :meth:`request_rest` weighs (not
+        measured when requests do not rest)."""
+        if not self.rest_requests or self.frozen or requests <= 0:
             return
         self._proposal_cost.add(seconds, requests)
 

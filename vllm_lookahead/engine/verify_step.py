@@ -82,6 +82,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     # and on the CPU a float32 argmax plus the conversion is ~4x faster than a bfloat16 argmax.
     tree_argmax = tree_logits.to(torch.float32).argmax(dim=-1).cpu().numpy()
 
+    noise = SamplerNoise.of(runner.sampler)  # None: the sampler's noise cannot be mirrored
     items = []
     cursor = 0
     for tr in batch.requests:
@@ -89,10 +90,11 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
         argmax = np.full(tr.num_nodes, -1, dtype=np.int64)
         argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
         t0 = time.perf_counter()
-        items.append(_prepare(runner, sm, tr, tree_logits[cursor : cursor + k], argmax, root_tokens[tr.batch_index]))
+        items.append(_prepare(runner, sm, tr, tree_logits[cursor : cursor + k], argmax, root_tokens[tr.batch_index],
+                              walks=noise is not None))
         items[-1].seconds += time.perf_counter() - t0
         cursor += k
-    _walk_together(runner, sm, [item for item in items if item.path is None])
+    _walk_together(noise, sm, [item for item in items if item.path is None])
 
     outputs: list[list[int]] = [[t] for t in root_tokens]
     outcomes: dict[str, StepOutcome] = {}
@@ -177,10 +179,11 @@ class _Verifying:
         return self._sampling[node]
 
 
-def _prepare(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarray, root_token: int) -> _Verifying:
+def _prepare(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarray, root_token: int,
+             walks: bool) -> _Verifying:
     """One tree request's target distribution, and its path where it needs no walk: greedy ones
-    (longest match with the target's argmax) and, for sampler implementations without noise to
-    mirror, random ones (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`)."""
+    (longest match with the target's argmax) and, where the sampler's noise cannot be mirrored
+    (``walks`` False), random ones (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`)."""
     i = tr.batch_index
     sp = runner.requests[tr.req_id].sampling_params
     output = runner.requests[tr.req_id].output_token_ids
@@ -206,7 +209,7 @@ def _prepare(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarr
             item.path, item.last = np.zeros(0, dtype=np.int64), root_token
         else:
             item.path, item.last = greedy_verify(tr.tree, target)
-    elif SamplerNoise.of(runner.sampler) is None:
+    elif not walks:
         # SpecInfer's rule over the same distributions, uniforms from the request's generator.
         def probs(node: int) -> np.ndarray:
             return item.sampling_row(sm, node).softmax(dim=-1, dtype=torch.float32).to(torch.float64).cpu().numpy()
@@ -217,7 +220,7 @@ def _prepare(runner: Any, sm: Any, tr: Any, rows: torch.Tensor, argmax: np.ndarr
     return item
 
 
-def _walk_together(runner: Any, sm: Any, items: list[_Verifying]) -> None:
+def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying]) -> None:
     """The random requests' paths, coupled to vLLM's sampler noise
     (:func:`~vllm_lookahead.core.sampling.coupled_walks`): the root's token is the one vLLM's
     sampler drew, each accepted node's next token drawn with the noise that sampler would draw
@@ -225,7 +228,6 @@ def _walk_together(runner: Any, sm: Any, items: list[_Verifying]) -> None:
     position over every walk still going, its time shared among their requests."""
     if not items:
         return
-    noise = SamplerNoise.of(runner.sampler)
     assert noise is not None
 
     def sample_after(reached: list[tuple[int, int]]) -> list[int]:
