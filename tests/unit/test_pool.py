@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import NgramPool
+from vllm_lookahead.core.source import Source
 
 
 def test_add_and_get_most_recent_first():
@@ -116,6 +118,34 @@ def test_incremental_add_sequence_equals_full_recompute(
         incremental.add_sequence(tokens[:end], start=previous_length)
         previous_length = end
     assert snapshot(incremental, 6) == snapshot(full, 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tokens=st.lists(st.integers(0, 5), max_size=40),
+    start=st.integers(0, 45),
+    ngram_size=st.integers(2, 5),
+    guess_set_size=st.integers(0, 3),
+    max_keys=st.integers(1, 6),
+    context=st.integers(1, 3),
+    sources=st.lists(st.sampled_from(list(Source)), min_size=1, max_size=3),
+    as_array=st.booleans(),
+)
+def test_add_sequence_equals_add_of_each_ngram(tokens, start, ngram_size, guess_set_size, max_keys, context,
+                                               sources, as_array):
+    """The batched path stores exactly what one ``add`` per n-gram stores: keys and values in
+    the same LRU order, with the same sources and counts (numpy input included)."""
+    fast = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    slow = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    span = fast.span
+    seq = np.array(tokens, dtype=np.int64) if as_array else tokens
+    for source in sources:  # re-adding with other sources exercises the kept-lowest source and the counts
+        fast.add_sequence(seq, start=start, source=source)
+        for p in range(max(0, start - span + 1), len(tokens) - span + 1):
+            slow.add(tokens[p : p + span], source)
+    assert fast._table == slow._table and list(fast._table) == list(slow._table)
+    assert all(list(fast._table[k]) == list(slow._table[k]) for k in fast._table)
+    assert len(fast) == len(slow)
 
 
 @settings(max_examples=200, deadline=None)

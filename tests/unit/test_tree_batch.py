@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from vllm_lookahead.config import LookaheadConfig
@@ -63,3 +64,24 @@ def test_logits_rows_as_drafts_matches_logits_layout():
     rows = sum(1 + len(view.get(r, ())) for r in ("a", "b"))
     assert rows == len(batch.logits_indices)
     assert view.get("a") is None and len(view["b"]) == len(draft.tree.logit_rows()) - 1
+
+
+def test_roots_first_layout_puts_every_root_row_first():
+    """Roots first: the sampler's rows are the logits' first ``num_reqs`` rows (a slice, no copy);
+    each tree's rows are its root's, then its other nodes' after every root."""
+    draft = _draft()
+    spec = draft.tree.draft_tokens
+    n = 1 + len(spec)
+    qsl = np.array([0, 10, 10 + n, 11 + n])
+    batch = build_tree_batch(["a", "b", "c"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl),
+                             np.array([0, 20, 30]), torch.device("cpu"), roots_first=True)
+    logit_nodes = draft.tree.logit_rows()
+    assert batch.roots_first
+    assert batch.logits_indices.tolist() == [9, 10, 10 + n, *(10 + logit_nodes[1:]).tolist()]
+    assert batch.sample_rows.tolist() == [0, 1, 2]
+    assert batch.tree_logit_rows.tolist() == [1, *range(3, 3 + len(logit_nodes) - 1)]
+    # each tree node's logits row reads the hidden state of that node's token row
+    rows = batch.logits_indices[batch.tree_logit_rows].tolist()
+    assert rows == (10 + logit_nodes).tolist()
+    with pytest.raises(RuntimeError, match="grammar bitmask"):
+        batch.logits_rows_as_drafts({"b": spec})

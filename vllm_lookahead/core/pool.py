@@ -68,8 +68,10 @@ class NgramPool:
         if self.guess_set_size == 0:
             return
         c = self.context
-        key = self._key(ngram[:c])
-        value = tuple(map(int, ngram[c:]))
+        self._store(self._key(ngram[:c]), tuple(map(int, ngram[c:])), int(source))
+
+    def _store(self, key: object, value: tuple[int, ...], source: int) -> None:
+        """:meth:`add` for an already normalised key and continuation."""
         values = self._table.get(key)
         if values is None:
             if len(self._table) >= self.max_keys:
@@ -81,21 +83,34 @@ class NgramPool:
             self._table.move_to_end(key)
         entry = values.get(value)
         if entry is not None:
-            entry[0] = min(entry[0], int(source))
+            if source < entry[0]:
+                entry[0] = source
             entry[1] += 1
             values.move_to_end(value)
             return
-        values[value] = [int(source), 1]
+        values[value] = [source, 1]
         self._count += 1
         if len(values) > self.guess_set_size:
             values.popitem(last=False)
             self._count -= 1
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
-        """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``."""
-        n = self.span
-        for p in range(max(0, start - n + 1), len(tokens) - n + 1):
-            self.add(tokens[p : p + n], source)
+        """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
+        (the same as :meth:`add` of each, in order; the tokens are converted once)."""
+        n, c = self.span, self.context
+        first = max(0, start - n + 1)
+        if self.guess_set_size == 0 or len(tokens) - first < n:
+            return
+        seq = tokens[first:]
+        seq = seq.tolist() if isinstance(seq, np.ndarray) else [int(t) for t in seq]
+        src = int(source)
+        store = self._store
+        if c == 1:
+            for p in range(len(seq) - n + 1):
+                store(seq[p], tuple(seq[p + 1 : p + n]), src)
+        else:
+            for p in range(len(seq) - n + 1):
+                store(tuple(seq[p : p + c]), tuple(seq[p + c : p + n]), src)
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from .pool import NgramPool, SharedPools
 from .source import Source
 
@@ -127,7 +129,8 @@ class RequestText:
         """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
         span = self.params.lookup_context + self.params.ngram_size - 1
         length = min(len(history), num_new + span - 1)
-        return [int(t) for t in history[len(history) - length :]], length - num_new
+        tail = history[len(history) - length :]
+        return (tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]), length - num_new
 
     def learn(self, tail: list[int], start: int, length: int) -> None:
         """The n-grams of ``tail`` (the end of a sequence of ``length`` tokens, new tokens from

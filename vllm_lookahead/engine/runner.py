@@ -142,6 +142,8 @@ class RunnerLookahead:
             num_scheduled=np.diff(qsl),
             num_computed=ib.num_computed_tokens_cpu[:num_reqs],
             device=runner.device,
+            # vLLM's grammar bitmask walks logits rows request by request
+            roots_first=not scheduler_output.has_structured_output_requests,
         )
         if batch is None:
             return result

@@ -72,12 +72,11 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     """(vLLM ``SamplerOutput``, outcome per tree request id) for one step's logits."""
     from vllm.v1.outputs import SamplerOutput
 
-    input_batch = runner.input_batch
-    sm = input_batch.sampling_metadata
-    num_reqs = input_batch.num_reqs
-    sampled = sample_one_row_per_request(runner.sampler, logits[batch.sample_rows], sm)
+    sm, num_reqs = runner.input_batch.sampling_metadata, runner.input_batch.num_reqs
+    tree_logits = logits[batch.tree_logit_rows]  # a copy, taken before the sampler may change rows in place
+    roots = logits[:num_reqs] if batch.roots_first else logits[batch.sample_rows]  # roots first: no copy
+    sampled = sample_one_row_per_request(runner.sampler, roots, sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
-    tree_logits = logits[batch.tree_logit_rows]
     # float32 first, as vLLM's sampler does: exact for 16-bit logits (same argmax, ties included),
     # and on the CPU a float32 argmax plus the conversion is ~4x faster than a bfloat16 argmax.
     tree_argmax = tree_logits.to(torch.float32).argmax(dim=-1).cpu().numpy()
