@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from vllm_lookahead.config import LookaheadConfig
 
 
+def int_list(tokens: Sequence[int]) -> list[int]:
+    """``tokens`` as a list of Python ints (one ``tolist`` for a numpy array)."""
+    return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
+
+
 class NgramPool:
     """LRU map ``key -> up to G continuations of N - 1 tokens``.
 
@@ -101,8 +106,7 @@ class NgramPool:
         first = max(0, start - n + 1)
         if self.guess_set_size == 0 or len(tokens) - first < n:
             return
-        seq = tokens[first:]
-        seq = seq.tolist() if isinstance(seq, np.ndarray) else [int(t) for t in seq]
+        seq = int_list(tokens[first:])
         src = int(source)
         store = self._store
         if c == 1:

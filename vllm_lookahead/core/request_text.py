@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
-
-from .pool import NgramPool, SharedPools
+from .pool import NgramPool, SharedPools, int_list
 from .source import Source
 
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
@@ -129,8 +127,7 @@ class RequestText:
         """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
         span = self.params.lookup_context + self.params.ngram_size - 1
         length = min(len(history), num_new + span - 1)
-        tail = history[len(history) - length :]
-        return (tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]), length - num_new
+        return int_list(history[len(history) - length :]), length - num_new
 
     def learn(self, tail: list[int], start: int, length: int) -> None:
         """The n-grams of ``tail`` (the end of a sequence of ``length`` tokens, new tokens from

@@ -166,17 +166,17 @@ def build_tree_batch(
             rows = np.array([start + int(num_scheduled[i]) - 1], dtype=np.int64)
         if roots_first:
             logits_rows.append(rows[:1])
-            extra_rows.append(rows[1:])
             sample_rows[i] = i
-            own = np.concatenate([[i], cursor + np.arange(len(rows) - 1, dtype=np.int64)])
-            cursor += len(rows) - 1
+            if spec:
+                extra_rows.append(rows[1:])
+                tree_rows.append(np.concatenate([[i], cursor + np.arange(len(rows) - 1, dtype=np.int64)]))
+                cursor += len(rows) - 1
         else:
             logits_rows.append(rows)
             sample_rows[i] = cursor
-            own = cursor + np.arange(len(rows), dtype=np.int64)
+            if spec:
+                tree_rows.append(cursor + np.arange(len(rows), dtype=np.int64))
             cursor += len(rows)
-        if spec:
-            tree_rows.append(own)
     if not requests:
         return None
     return TreeBatch(
