@@ -66,7 +66,7 @@ class TreeBatch:
     requests: list[TreeRequest]
     logits_indices: torch.Tensor   # rows of hidden states to compute logits for
     sample_rows: torch.Tensor      # (num_reqs,) logits row used to sample each request's next token
-    tree_logit_rows: torch.Tensor  # logits rows of all tree nodes with logits, request by request
+    tree_logit_rows: np.ndarray  # logits rows of all tree nodes with logits, request by request (host)
     slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
     block_table: torch.Tensor | None = None   # (num_reqs, max_blocks) the step's block table
     kv: PagedKV | None = None                  # the worker's paged KV cache
@@ -183,7 +183,7 @@ def build_tree_batch(
         requests=requests,
         logits_indices=torch.from_numpy(np.concatenate(logits_rows + extra_rows)).to(device),
         sample_rows=torch.from_numpy(sample_rows).to(device),
-        tree_logit_rows=torch.from_numpy(np.concatenate(tree_rows)).to(device),
+        tree_logit_rows=np.concatenate(tree_rows),
         roots_first=roots_first,
     )
 
