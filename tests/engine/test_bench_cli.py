@@ -37,6 +37,8 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "## Batch 1, per prompt category" in proc.stdout
     assert "%|" in proc.stderr  # the progress bar
+    md = (out / "results.md").read_text()
+    assert "; engines: glibc malloc, MALLOC_MMAP_THRESHOLD_=" in md or "; engines: as given: " in md
 
     raw = json.loads((out / "results.json").read_text())
     assert [m["method"] for m in raw["methods"]] == [

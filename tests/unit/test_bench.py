@@ -331,3 +331,22 @@ def test_summary_gives_the_latency_speedup_where_several_requests_are_in_flight(
     assert "**4 in flight, greedy**" in md
     assert "| code | 2.00 / 1.00x / 1.33x |" in md  # same wall, requests wait 0.75 s against 1.0
     assert "| code | 2.00 / 3.00x |" in md  # batch 1: no latency column
+
+
+def test_engines_run_with_fixed_malloc_thresholds_unless_the_caller_chose_an_allocator():
+    from vllm_lookahead.bench.engine_env import FIXED_MALLOC, engine_env
+
+    env, line = engine_env({"PATH": "/bin"})
+    assert env == {"PATH": "/bin", **FIXED_MALLOC} and all(f"{k}={v}" in line for k, v in FIXED_MALLOC.items())
+    for chosen in ({"LD_PRELOAD": "/lib/libjemalloc.so.2"}, {"MALLOC_ARENA_MAX": "2"},
+                   {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
+        env, line = engine_env({"PATH": "/bin", **chosen})
+        assert env == {"PATH": "/bin", **chosen} and line.startswith("as given") and next(iter(chosen.values())) in line
+    env, line = engine_env({"PATH": "/bin", "LD_PRELOAD": ""}, inherit=True)
+    assert env == {"PATH": "/bin", "LD_PRELOAD": ""} and "--inherit-malloc" in line
+
+
+def test_report_names_the_engines_allocator(tmp_path):
+    raw = _raw()
+    raw["environment"]["engine_allocator"] = "glibc malloc, MALLOC_MMAP_THRESHOLD_=33554432"
+    assert "engines: glibc malloc, MALLOC_MMAP_THRESHOLD_=33554432." in to_markdown(raw, build_rows(raw))

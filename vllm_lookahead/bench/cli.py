@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="every request generates --max-tokens tokens (vLLM's ignore_eos): sampled workloads "
                    "with several requests in flight then compare equal work")
+    p.add_argument("--inherit-malloc", action="store_true",
+                   help="engines keep this environment's malloc settings (default: glibc's thresholds fixed "
+                   "for every engine, unless LD_PRELOAD, MALLOC_* or GLIBC_TUNABLES are set; see "
+                   "vllm_lookahead/bench/engine_env.py)")
     p.add_argument("--category-concurrency", nargs="+", type=int, default=[1],
                    help="requests in flight for the category workloads (default: %(default)s); a workload at "
                         "concurrency c runs max(--prompts-per-category, c) requests per repeat")
@@ -157,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
         temperatures=args.temperatures,
         category_concurrency=sorted(set(args.category_concurrency)),
         ignore_eos=args.ignore_eos,
+        inherit_malloc=args.inherit_malloc,
     )
 
     def progress(total: int):

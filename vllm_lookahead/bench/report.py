@@ -223,7 +223,8 @@ def to_markdown(raw: dict[str, Any], rows: list[Row], plots: list[str] = ()) -> 
         f"# Benchmark {env.get('date', '')}",
         "",
         f"Machine: {env.get('cpus')} CPUs ({env.get('cpu', env.get('machine'))}); vLLM {env.get('vllm')}, "
-        f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}.",
+        f"torch {env.get('torch')}, vllm-lookahead {env.get('vllm_lookahead')}, Python {env.get('python')}"
+        f"{'; engines: ' + env['engine_allocator'] if env.get('engine_allocator') else ''}.",
         f"Model: `{plan['model']}`; {_temperatures(plan)}; max_tokens {plan['max_tokens']}{_sweep_tokens(plan)}"
         f"{' (ignore_eos: every request generates max_tokens)' if plan.get('ignore_eos') else ''}; {plan['repeats']} repeats, "
         "each on its own prompts (no prompt is seen twice by an engine); "

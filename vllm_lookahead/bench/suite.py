@@ -34,12 +34,14 @@ are written as JSON after every engine, so a long run that dies keeps what it me
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_lookahead.bench.engine_env import engine_env
 from vllm_lookahead.bench.methods import Method, parse_method
 from vllm_lookahead.bench.prompts import Prompt, category_prompts, tokenize
 
@@ -87,6 +89,7 @@ class Plan:
     temperatures: list[float] = field(default_factory=lambda: [0.0])  # category workloads, each its own prompts
     category_concurrency: list[int] = field(default_factory=lambda: [1])  # requests in flight per category
     ignore_eos: bool = False  # every request generates max_tokens (equal work for sampled workloads)
+    inherit_malloc: bool = False  # engines keep the caller's malloc settings (else engine_env.FIXED_MALLOC)
 
     def workload_max_tokens(self, kind: str) -> int:
         if kind == "concurrency" and self.sweep_max_tokens is not None:
@@ -153,8 +156,6 @@ class MethodResult:
 
 
 def environment() -> dict[str, Any]:
-    import os
-
     info: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "python": platform.python_version(),
@@ -214,9 +215,10 @@ def run_plan(
     total = len(runnable) * sum(w.num_requests for w in workloads)
     warmup = tokenize([Prompt("warmup", "warmup", WARMUP_TEXT)], tokenizer, plan.max_prompt_tokens)[0][1]
     bar = progress_factory(total) if progress_factory else None
+    worker_env, allocator = engine_env(os.environ, plan.inherit_malloc)
     raw: dict[str, Any] = {
         "plan": asdict(plan),
-        "environment": environment(),
+        "environment": {**environment(), "engine_allocator": allocator},
         "workloads": [
             {"name": w.name, "kind": w.kind, "concurrency": w.concurrency, "temperature": w.temperature,
              "category": w.category,
@@ -255,7 +257,7 @@ def run_plan(
                 ],
             }
             slug = "".join(ch if ch.isalnum() else "-" for ch in m.label).strip("-")
-            outcome = _run_worker(job, logs / f"r{rnd}-{methods.index(m)}-{slug}", bar)
+            outcome = _run_worker(job, logs / f"r{rnd}-{methods.index(m)}-{slug}", bar, worker_env)
             result = results[m.label]
             result.engine_start_s = max(result.engine_start_s, outcome["engine_start_s"])
             for name, runs in outcome["runs"].items():
@@ -267,7 +269,7 @@ def run_plan(
     return json.loads(out_json.read_text())
 
 
-def _run_worker(job: dict[str, Any], stem: Path, bar: Any) -> dict[str, Any]:
+def _run_worker(job: dict[str, Any], stem: Path, bar: Any, env: dict[str, str] | None = None) -> dict[str, Any]:
     import subprocess
     import sys
 
@@ -281,7 +283,7 @@ def _run_worker(job: dict[str, Any], stem: Path, bar: Any) -> dict[str, Any]:
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_lookahead.bench.worker", str(job_path), str(result_path)],
-            stdout=subprocess.PIPE, stderr=log_file, text=True,
+            stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
         )
         assert proc.stdout is not None
         for line in proc.stdout:  # the worker's protocol: one line per event
