@@ -350,3 +350,31 @@ def test_report_names_the_engines_allocator(tmp_path):
     raw = _raw()
     raw["environment"]["engine_allocator"] = "glibc malloc, MALLOC_MMAP_THRESHOLD_=33554432"
     assert "engines: glibc malloc, MALLOC_MMAP_THRESHOLD_=33554432." in to_markdown(raw, build_rows(raw))
+
+
+def test_a_short_category_keeps_every_variants_size_and_reuses_prompts_only_across_rounds(tmp_path):
+    from vllm_lookahead.bench.prompts import PromptSetError
+    from vllm_lookahead.bench.suite import Plan, build_workloads
+
+    def workloads_for(n: int, repeats: int = 3):
+        rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(n)]
+        path = tmp_path / f"q{n}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows))
+        plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2, repeats=repeats,
+                    concurrency=[], specbench=str(path), category_concurrency=[1, 4])
+        return build_workloads(plan, _Tok())
+
+    # 10 prompts for 3 rounds x (2 + 4): every variant keeps its size, each round's prompts distinct
+    workloads = workloads_for(10)
+    assert [[len(rep) for rep in w.prompts] for w in workloads] == [[2, 2, 2], [4, 4, 4]]
+    for r in range(3):
+        in_round = [p.prompt_id for w in workloads for p in w.prompts[r]]
+        assert len(in_round) == len(set(in_round)) == 6
+    every = {p.prompt_id for w in workloads for rep in w.prompts for p in rep}
+    assert len(every) == 10  # all of them used, some in two rounds
+    # fewer than one round needs: every variant shrinks alike, a round's prompts still distinct
+    small = workloads_for(5)
+    assert [[len(rep) for rep in w.prompts] for w in small] == [[1, 1, 1], [3, 3, 3]]
+    assert all(len({p.prompt_id for w in small for p in w.prompts[r]}) == 4 for r in range(3))
+    with pytest.raises(PromptSetError, match="fewer than its 2"):
+        workloads_for(1)

@@ -29,7 +29,7 @@ def test_same_index_as_torch_argmax(rows: int, vocab: int, data: st.DataObject) 
     np.testing.assert_array_equal(row_argmax(half), half.to(torch.float32).argmax(dim=-1).numpy())
 
 
-def test_reads_strided_rows_without_copying_them_first() -> None:
+def test_row_views_and_strided_tensors() -> None:
     logits = torch.randn(8, 1000)
     logits[:, 7] = 100.0
     view = logits[2:6]  # the tree rows of a roots-first batch are such a view

@@ -18,10 +18,13 @@ tokens/s also depends on which requests happened to stop early (the workload's w
 time is its longest request's): ``ignore_eos`` makes every request generate
 ``max_tokens`` tokens, so every method does the same work.
 
-No prompt is used twice in a run: every workload and every repeat gets its own
-prompts (repeat ``r`` of every method gets the same ones).  Drafters that learn
-across requests (vLLM's ``suffix``) would otherwise be measured copying their
-own earlier answers.  The warm-up prompt is not in any workload either.
+No engine sees a prompt twice: every workload and every repeat gets its own
+prompts (repeat ``r`` of every method gets the same ones); only a category with
+fewer prompts than all repeats need reuses them, in different repeats (fresh
+engines), each workload keeping its size (:func:`_short_category_chunks`).
+Drafters that learn across requests (vLLM's ``suffix``) would otherwise be
+measured copying their own earlier answers.  The warm-up prompt is not in any
+workload either.
 
 Repeats are rounds: in round ``r`` every method runs every workload once on the
 round's prompts, each method in a fresh engine with identical engine settings
@@ -43,7 +46,7 @@ from typing import Any, Callable
 
 from vllm_lookahead.bench.engine_env import engine_env
 from vllm_lookahead.bench.methods import Method, parse_method
-from vllm_lookahead.bench.prompts import Prompt, category_prompts, tokenize
+from vllm_lookahead.bench.prompts import Prompt, PromptSetError, category_prompts, tokenize
 
 
 WARMUP_TEXT = "Say hello and name three colours."
@@ -62,6 +65,40 @@ class Workload:
     @property
     def num_requests(self) -> int:
         return sum(len(r) for r in self.token_ids)
+
+
+def _variant_chunks(pairs: list, sizes: list[int], reps: int) -> list[tuple[list[list[Prompt]], list[list[list[int]]]]]:
+    """Per variant, its prompts for every round: fresh ones everywhere, variant by variant."""
+    out, cursor = [], 0
+    for size in sizes:
+        out.append(_split(pairs[cursor : cursor + size * reps], size, reps))
+        cursor += size * reps
+    return out
+
+
+def _short_category_chunks(pairs: list, sizes: list[int], reps: int,
+                           category: str) -> list[tuple[list[list[Prompt]], list[list[list[int]]]]]:
+    """Per variant, its prompts for every round, for a category with fewer prompts than every
+    round's variants together need: each variant keeps its size (a variant at concurrency c still
+    runs c requests at once), a round's prompts stay distinct (no engine sees one twice) and the
+    rounds take their prompts in turn from the category's list, coming round again to its start
+    (a round is a fresh engine); with fewer prompts than one round needs, every variant shrinks alike."""
+    if len(pairs) < len(sizes):
+        raise PromptSetError(f"prompt category {category!r} has {len(pairs)} usable prompts, fewer than its "
+                             f"{len(sizes)} concurrency/temperature variants")
+    need = sum(sizes)
+    if len(pairs) < need:
+        sizes = [max(1, n * len(pairs) // need) for n in sizes]
+        need = sum(sizes)
+    out: list[tuple[list[list[Prompt]], list[list[list[int]]]]] = [([], []) for _ in sizes]
+    for r in range(reps):
+        block = [pairs[(r * need + k) % len(pairs)] for k in range(need)]
+        cursor = 0
+        for (prompts, ids), size in zip(out, sizes):
+            prompts.append([p for p, _ in block[cursor : cursor + size]])
+            ids.append([t for _, t in block[cursor : cursor + size]])
+            cursor += size
+    return out
 
 
 def _split(pairs: list, size: int, repeats: int) -> tuple[list[list[Prompt]], list[list[list[int]]]]:
@@ -119,15 +156,8 @@ def build_workloads(plan: Plan, tokenizer) -> list[Workload]:
         # every (concurrency, temperature) variant and repeat gets its own prompts
         want = reps * sum(sizes)
         pairs = tokenize(category_prompts(cat, want, specbench), tokenizer, plan.max_prompt_tokens)
-        if len(pairs) < want:  # a small category: every variant shrinks alike
-            sizes_here = [max(1, n * len(pairs) // want) for n in sizes]
-        else:
-            sizes_here = sizes
-        cursor = 0
-        for (conc, temp), size in zip(variants, sizes_here):
-            chunk = pairs[cursor : cursor + size * reps]
-            cursor += size * reps
-            prompts, ids = _split(chunk, size, reps)
+        chunks = _variant_chunks(pairs, sizes, reps) if len(pairs) >= want else _short_category_chunks(pairs, sizes, reps, cat)
+        for (conc, temp), (prompts, ids) in zip(variants, chunks):
             workloads.append(Workload(workload_name(cat, conc, temp), "category", conc, prompts, ids, temp, cat))
     if plan.concurrency:
         counts = {c: max(plan.min_sweep_requests, plan.requests_per_slot * c) for c in plan.concurrency}
