@@ -35,3 +35,18 @@ def test_row_views_and_strided_tensors() -> None:
     view = logits[2:6]  # the tree rows of a roots-first batch are such a view
     assert row_argmax(view).tolist() == [7, 7, 7, 7]
     assert row_argmax(logits.t().contiguous().t()).tolist() == logits.argmax(dim=-1).tolist()
+
+
+def test_node_argmax_reads_the_tree_rows_of_either_layout() -> None:
+    from types import SimpleNamespace
+
+    from vllm_lookahead.engine.verify_step import _node_argmax
+
+    logits = torch.randn(9, 50)
+    # roots first: 4 requests, trees at batch indices 1 and 3 (their roots rows 1 and 3), tree rows 4-8
+    rows = np.array([1, 4, 5, 3, 6, 7, 8])
+    got = _node_argmax(logits, SimpleNamespace(tree_logit_rows=rows, roots_first=True), num_reqs=4)
+    assert got.tolist() == logits.argmax(dim=-1)[torch.from_numpy(rows)].tolist()
+    rows = np.array([2, 3, 4, 7, 8])  # request by request
+    got = _node_argmax(logits, SimpleNamespace(tree_logit_rows=rows, roots_first=False), num_reqs=4)
+    assert got.tolist() == logits.argmax(dim=-1)[torch.from_numpy(rows)].tolist()

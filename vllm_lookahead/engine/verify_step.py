@@ -75,7 +75,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     sm, num_reqs = runner.input_batch.sampling_metadata, runner.input_batch.num_reqs
     # Before the sampler, which may change the rows it is given in place: every node's argmax, and
     # a copy of the rows of the tree requests that need more than that (sampled, processed, logprobs).
-    tree_argmax = row_argmax(logits)[batch.tree_logit_rows]
+    tree_argmax = _node_argmax(logits, batch, num_reqs)
     plans = [_plan(runner, sm, tr) for tr in batch.requests]
     kept = _kept_rows(logits, batch, plans)
     roots = logits[:num_reqs] if batch.roots_first else logits[batch.sample_rows]  # roots first: no copy
@@ -189,6 +189,21 @@ def row_argmax(logits: torch.Tensor) -> np.ndarray:
     return logits.to(torch.float32).argmax(dim=-1).cpu().numpy()
 
 
+def _node_argmax(logits: torch.Tensor, batch: TreeBatch, num_reqs: int) -> np.ndarray:
+    """The argmax of every tree row (``batch.tree_logit_rows`` order).  Roots first, the rows after
+    the roots are all tree rows, read in place, and of the roots only the tree requests' are read
+    (one small gather), not those of the step's plain requests; request by request the logits
+    hold little but tree rows and are read whole."""
+    rows = batch.tree_logit_rows
+    if not batch.roots_first:
+        return row_argmax(logits)[rows]
+    out = np.empty(len(rows), dtype=np.int64)
+    is_root = rows < num_reqs
+    out[~is_root] = row_argmax(logits[num_reqs:])[rows[~is_root] - num_reqs]
+    out[is_root] = row_argmax(logits[torch.from_numpy(rows[is_root]).to(logits.device)])
+    return out
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What one tree request's verification needs, known before the sampler runs."""
@@ -202,8 +217,8 @@ class _Plan:
 
 def _plan(runner: Any, sm: Any, tr: Any) -> _Plan:
     i = tr.batch_index
-    sp = runner.requests[tr.req_id].sampling_params
-    output = runner.requests[tr.req_id].output_token_ids
+    state = runner.requests[tr.req_id]
+    sp, output = state.sampling_params, state.output_token_ids
     min_tokens = None
     if sp is not None and sp.min_tokens and len(output) < sp.min_tokens:
         min_tokens = (sp.min_tokens, sp.all_stop_token_ids, sp.structured_outputs is not None)
