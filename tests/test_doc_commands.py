@@ -1,7 +1,8 @@
 """Every command a user would paste from the reference docs runs as written.
 
 The code lines of README.md and the reference pages (fenced blocks and 4-space indented blocks)
-that call ``vllm-lookahead``, ``python -m vllm_lookahead...`` or ``make`` are collected, with
+that call ``vllm-lookahead``, ``python -m vllm_lookahead...``, ``python -m benchmarks...`` or ``make``
+are collected, with
 line continuations joined.  Each ``make`` line must dry-run (``make -n``); each command's
 options must be ones its ``--help`` lists (for ``serve``: ours, then vLLM's ``--help=all``);
 every lookahead configuration in it (``--speculative-config`` JSON, bench ``lookahead:{...}``
@@ -27,8 +28,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/benchmarking.md", "docs/design.md", "configs/README.md", "deploy/README.md")
-PREFIXES = (".venv/bin/vllm-lookahead ", "vllm-lookahead ", ".venv/bin/python -m vllm_lookahead",
-            "python -m vllm_lookahead", "python3 -m vllm_lookahead", "make ")
+PREFIXES = (
+    ".venv/bin/vllm-lookahead ",
+    "vllm-lookahead ",
+    ".venv/bin/python -m vllm_lookahead",
+    "python -m vllm_lookahead",
+    "python3 -m vllm_lookahead",
+    ".venv/bin/python -m benchmarks",
+    "python -m benchmarks",
+    "make ",
+)
 
 
 def code_lines(text: str) -> list[str]:
@@ -65,17 +74,22 @@ def argv_of(command: str) -> list[str]:
     return [w.strip("[]") for w in words if w.strip("[]")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def help_text(*program: str) -> str:
     done = subprocess.run([*program, "--help"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, f"{program} --help failed:\n{done.stderr[-2000:]}"
     return done.stdout
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vllm_serve_help() -> str:
-    done = subprocess.run([sys.executable, "-m", "vllm_lookahead.cli", "serve", "--help=all"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_lookahead.cli", "serve", "--help=all"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -95,7 +109,7 @@ def options_help(argv: list[str]) -> tuple[list[str], str]:
 
 def check_configs(args: list[str]) -> None:
     """Every lookahead configuration among ``args`` validates."""
-    from vllm_lookahead.bench.methods import parse_method
+    from benchmarks.methods import parse_method
     from vllm_lookahead.config import LookaheadConfig
 
     for i, arg in enumerate(args):
@@ -124,7 +138,10 @@ def test_command_runs_as_written(doc, command):
         assert done.returncode == 0, f"{doc}: `{command}` does not dry-run:\n{done.stderr[-1500:]}"
         return
     args, text = options_help(argv)
-    unknown = [a.split("=", 1)[0] for a in args
-               if a.startswith("-") and not re.search(rf"(^|[\s,\[]){re.escape(a.split('=', 1)[0])}\b", text)]
+    unknown = [
+        a.split("=", 1)[0]
+        for a in args
+        if a.startswith("-") and not re.search(rf"(^|[\s,\[]){re.escape(a.split('=', 1)[0])}\b", text)
+    ]
     assert not unknown, f"{doc}: `{command}` uses options its --help does not list: {unknown}"
     check_configs(args)

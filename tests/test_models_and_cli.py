@@ -20,7 +20,12 @@ import pytest
 
 from vllm_lookahead import cli, models
 from vllm_lookahead.cli import (
-    ServeArgsError, allocator_choice, allocator_preload, build_serve_argv, needs_default_model, plan_serve,
+    ServeArgsError,
+    allocator_choice,
+    allocator_preload,
+    build_serve_argv,
+    needs_default_model,
+    plan_serve,
 )
 from vllm_lookahead.models import ModelPreparationError
 
@@ -67,6 +72,11 @@ def execs(monkeypatch, tmp_path) -> list[list[str]]:
     """``vllm-lookahead serve`` on CPU with the bundled model at ``tmp_path``: the commands it would
     exec, collected instead of run."""
     commands: list[list[str]] = []
+    # serve sets the environment of the vLLM it execs (--no-speculation: VLLM_PLUGINS without this
+    # plugin); recorded here so that it is undone after the test, not left to later engines
+    for name in ("VLLM_PLUGINS", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(models, "prepare_default_model", lambda force=False: tmp_path)
     monkeypatch.setattr(cli, "_on_cpu", lambda: True)
     monkeypatch.setattr(cli.os, "execvp", lambda file, args: commands.append(list(args)))
@@ -77,10 +87,12 @@ def test_serve_says_in_one_line_which_allocator_and_why():
     libs = {"jemalloc": "libjemalloc.so.2"}
     lines = {
         "jemalloc preloaded (libjemalloc.so.2)": allocator_choice({}, libs.get),
-        "none preloaded (VLLM_LOOKAHEAD_ALLOCATOR=system); LD_PRELOAD as given: empty (glibc malloc)":
-            allocator_choice({"VLLM_LOOKAHEAD_ALLOCATOR": "system"}, libs.get),
-        "tcmalloc, already in LD_PRELOAD (/opt/libtcmalloc.so.4)":
-            allocator_choice({"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, libs.get),
+        "none preloaded (VLLM_LOOKAHEAD_ALLOCATOR=system); LD_PRELOAD as given: empty (glibc malloc)": allocator_choice(
+            {"VLLM_LOOKAHEAD_ALLOCATOR": "system"}, libs.get
+        ),
+        "tcmalloc, already in LD_PRELOAD (/opt/libtcmalloc.so.4)": allocator_choice(
+            {"LD_PRELOAD": "/opt/libtcmalloc.so.4"}, libs.get
+        ),
     }
     for expected, choice in lines.items():
         assert choice.line == f"vllm-lookahead serve: allocator: {expected}"
@@ -192,8 +204,12 @@ def test_serve_named_model_on_gpu_gets_lookahead_only():
 def test_serve_plan_says_which_defaults_were_added_and_left_out():
     plan = plan_serve(["org/m", "--host", "0.0.0.0"], None, on_cpu=True, env={})
     assert not plan.bundled and plan.env == {}
-    assert plan.added == [f"--speculative-config {shlex.quote(SPEC)}", "--dtype float32",
-                          "--gpu-memory-utilization 0.3", "--enforce-eager"]
+    assert plan.added == [
+        f"--speculative-config {shlex.quote(SPEC)}",
+        "--dtype float32",
+        "--gpu-memory-utilization 0.3",
+        "--enforce-eager",
+    ]
     # the user's --host is theirs, not a default left out
     assert plan.left_out == ["--served-model-name SmolLM2-135M-Instruct", "VLLM_CPU_KVCACHE_SPACE=1"]
     line = plan.summary()
@@ -308,7 +324,8 @@ def test_cli_serve_no_speculation_and_its_contradiction(execs, capsys, tmp_path)
     cli.main(["serve", "--no-speculation", "--port", "8002"])
     (cmd,) = execs
     assert cmd[cmd.index("serve") :] == ["serve", str(tmp_path), "--port", "8002", *DEFAULTS_CPU[2:]]
-    assert "no speculative decoding" in capsys.readouterr().err
+    assert "no speculative decoding, the plugin not loaded" in capsys.readouterr().err
+    assert "lookahead" not in os.environ["VLLM_PLUGINS"].split(",")
     assert cli.main(["serve", "--no-speculation", "-sc", SPEC]) == 2
     assert "contradict" in capsys.readouterr().err and len(execs) == 1
 
@@ -360,7 +377,7 @@ def test_vllm_command_under_each_distribution(monkeypatch, tmp_path):
 
     monkeypatch.setattr(md, "version", version)
     installed.update({"vllm-cpu": "0.32.0"})
-    assert cli._vllm_command() == [sys.executable, "-m", "vllm_lookahead._vllm_entry"]
+    assert cli._vllm_command() == [sys.executable, "-m", "vllm_lookahead.engine.hooks.vllm_cli"]
     installed.update({"vllm": "0.33.0"})
     fake_python = tmp_path / "bin" / "python"
     fake_python.parent.mkdir()
@@ -381,7 +398,7 @@ def test_vllm_entry_shim_answers_the_version_lookup_vllm_makes():
         pytest.skip("a distribution named vllm is installed: the shim is not used")
     except md.PackageNotFoundError:
         pass
-    code = "import importlib.metadata as md, vllm_lookahead._vllm_entry; print(md.version('vllm'))"
+    code = "import importlib.metadata as md, vllm_lookahead.engine.hooks.vllm_cli; print(md.version('vllm'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == md.version("vllm-cpu") + "+cpu"
 
@@ -393,11 +410,10 @@ def test_cli_subcommand_registry_hook(monkeypatch):
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--requests", type=int, default=1)
 
-    # A name no extension module registers (main() loads the extensions, e.g. the real `bench`, first).
     cli.register_subcommand("probe", "test subcommand", lambda a: seen.append(a.requests) or 0, add_args)
     assert cli.main(["probe", "--requests", "7"]) == 0
     assert seen == [7]
-    assert "bench" in cli.SUBCOMMANDS  # the extension hook registered the real one
+    assert set(cli.SUBCOMMANDS) == {"model", "serve", "probe"}  # the benchmarks are not a subcommand
 
 
 def test_cli_help_is_fast_and_light():
@@ -515,7 +531,7 @@ def test_successful_conversion_is_atomic_and_cached(monkeypatch, tmp_path):
 
 @pytest.fixture(scope="module")
 def toy_dir(tmp_path_factory):
-    from vllm_lookahead.testing import build_toy_llama
+    from support import build_toy_llama
 
     return build_toy_llama(tmp_path_factory.mktemp("toy") / "llama")
 
@@ -547,7 +563,7 @@ def test_toy_model_loads(toy_dir):
 def test_toy_model_deterministic(toy_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_lookahead.testing import build_toy_llama
+    from support import build_toy_llama
 
     before = (toy_dir / "model.safetensors").stat().st_mtime_ns
     assert build_toy_llama(toy_dir) == toy_dir  # cached
@@ -565,7 +581,7 @@ def test_toy_model_deterministic(toy_dir, tmp_path):
 
 
 def test_toy_model_rejects_bad_shapes(tmp_path):
-    from vllm_lookahead.testing import build_toy_llama
+    from support import build_toy_llama
 
     with pytest.raises(ValueError, match="head size"):
         build_toy_llama(tmp_path / "x", hidden_size=96, num_heads=2)  # head size 48
@@ -576,7 +592,7 @@ def test_toy_model_rejects_bad_shapes(tmp_path):
 
 
 def test_toy_model_greedy_gaps_are_wide(toy_dir):
-    from vllm_lookahead.testing import greedy_logit_gaps
+    from support import greedy_logit_gaps
 
     gaps = greedy_logit_gaps(toy_dir, ["def fibonacci(n):", "The quick brown fox"], max_new_tokens=32)
     assert len(gaps) == 2 and all(len(g) == 32 for g in gaps)

@@ -24,7 +24,7 @@ SCANNED = ("README.md", "docs", "configs", "deploy", "vllm_lookahead", "tests")
 # their .md reports and .py scripts are scanned) and third-party prompt sets.
 RECORDING_DIRS = ("docs/bench",)
 RECORDING_SUFFIXES = {".json", ".jsonl", ".csv", ".log", ".txt", ".svg"}
-THIRD_PARTY_DIRS = ("vllm_lookahead/bench/data",)
+THIRD_PARTY_DIRS = ("benchmarks/data",)
 SKIPPED_DIR_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 _SESSION, _ISSUE, _POINT = "sess" + "ion", "iss" + "ue", "poi" + "nt"

@@ -8,11 +8,11 @@ Layout, along the data path of one decode step:
 * :mod:`vllm_lookahead.engine`   -- the only package that changes vLLM: the patch table
   (every replaced vLLM symbol, with its reason), start-up checks, the one owner of
   per-step state (tree layout, tree attention, verification, KV compaction, proposal).
-* :mod:`vllm_lookahead.bench`    -- the benchmark; drives vLLM as a user does (and times
+* :mod:`benchmarks`    -- the benchmark; drives vLLM as a user does (and times
   runner methods through the engine's patch mechanism).
 * :mod:`vllm_lookahead.models`   -- the bundled default model (SmolLM2-135M-Instruct).
 * :mod:`vllm_lookahead.cli`      -- the ``vllm-lookahead`` command (``serve`` runs vLLM's own
-  CLI through :mod:`vllm_lookahead._vllm_entry`).
+  CLI through :mod:`vllm_lookahead.engine.hooks.vllm_cli`).
 """
 
 __version__ = "0.1.0"

@@ -4,30 +4,25 @@
     vllm-lookahead serve [ARGS...]      ``vllm serve`` with lookahead and CPU defaults
                                         (``serve --help``: :func:`serve_help`)
 
-Subcommands live in :data:`SUBCOMMANDS`.  Another module adds one with
-:func:`register_subcommand` (for example ``bench``); modules listed in
-:data:`EXTENSION_MODULES` are imported (if they exist) before the parser is built and
-must define ``register_cli(register_subcommand)``.  Keep those modules cheap to import:
-``vllm-lookahead --help`` must stay fast, so vLLM and torch are imported lazily, only by
-the subcommand that needs them.
+Subcommands live in :data:`SUBCOMMANDS`.  ``vllm-lookahead --help`` must stay fast, so vLLM
+and torch are imported lazily, only by the subcommand that needs them.  The benchmark is not
+part of the installed package: ``python -m benchmarks`` in a checkout.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 __all__ = [
     "AllocatorChoice",
     "DEFAULT_SERVE_OPTIONS",
-    "EXTENSION_MODULES",
     "SERVE_ENV_DEFAULTS",
     "SUBCOMMANDS",
     "ServeArgsError",
@@ -40,7 +35,6 @@ __all__ = [
     "main",
     "needs_default_model",
     "plan_serve",
-    "register_subcommand",
     "serve_help",
 ]
 
@@ -60,10 +54,6 @@ class Subcommand:
 
 SUBCOMMANDS: dict[str, Subcommand] = {}
 
-# Optional modules that add subcommands; each must define ``register_cli(register_subcommand)``.
-# A module that does not exist is skipped silently (e.g. before ``bench`` is written).
-EXTENSION_MODULES: list[str] = ["vllm_lookahead.bench.cli"]
-
 
 def register_subcommand(
     name: str,
@@ -78,20 +68,6 @@ def register_subcommand(
     sub = Subcommand(name, help, run, add_arguments, passthrough, description)
     SUBCOMMANDS[name] = sub
     return sub
-
-
-def _load_extensions() -> None:
-    for mod_name in EXTENSION_MODULES:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as exc:
-            # Only "this extension does not exist"; a broken import inside it is an error.
-            if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
-                continue
-            raise
-        hook = getattr(mod, "register_cli", None)
-        if hook is not None:
-            hook(register_subcommand)
 
 
 def _err(msg: str) -> None:
@@ -162,29 +138,43 @@ class ServeDefault:
 
 DEFAULT_SERVE_OPTIONS: tuple[ServeDefault, ...] = (
     ServeDefault(
-        "--speculative-config", LOOKAHEAD_SPEC_CONFIG, aliases=("-sc",),
+        "--speculative-config",
+        LOOKAHEAD_SPEC_CONFIG,
+        aliases=("-sc",),
         note="lookahead with its default settings; --no-speculation leaves it out",
     ),
     ServeDefault(
-        "--dtype", "float32", named="cpu",
+        "--dtype",
+        "float32",
+        named="cpu",
         note="the precision the CPU engine is tested and measured in",
     ),
     ServeDefault(
-        "--gpu-memory-utilization", "0.3", bundled="cpu", named="cpu",
+        "--gpu-memory-utilization",
+        "0.3",
+        bundled="cpu",
+        named="cpu",
         note="the share of the machine's memory vLLM may reserve (vLLM's default: 0.9)",
     ),
     ServeDefault(
-        "--host", "127.0.0.1", named="never",
+        "--host",
+        "127.0.0.1",
+        named="never",
         note="loopback only (vLLM's default: all interfaces)",
     ),
     ServeDefault(
-        "--served-model-name", DEFAULT_MODEL_NAME, named="never",
+        "--served-model-name",
+        DEFAULT_MODEL_NAME,
+        named="never",
         note="its name (the folder served is a cache path)",
     ),
     # torch.compile of the model takes minutes on a small machine, and the engine tests and
     # benchmarks measure the eager engine.  Any compilation choice wins.
     ServeDefault(
-        "--enforce-eager", None, bundled="cpu", named="cpu",
+        "--enforce-eager",
+        None,
+        bundled="cpu",
+        named="cpu",
         aliases=("--no-enforce-eager", "--compilation-config", "-cc", "-O"),
         note="no torch.compile (minutes on a small CPU); -O or --compilation-config replace it",
     ),
@@ -192,6 +182,9 @@ DEFAULT_SERVE_OPTIONS: tuple[ServeDefault, ...] = (
 # Environment defaults: set when unset or empty, for the bundled model on CPU only (1 GiB of KV
 # cache fits the 135M model; a named model's cache is sized by --gpu-memory-utilization instead).
 SERVE_ENV_DEFAULTS: dict[str, str] = {KV_CACHE_ENV: "1"}
+PLUGIN_NAME = "lookahead"  # this package's entry points in vLLM's plugin groups (pyproject.toml)
+PLUGINS_ENV = "VLLM_PLUGINS"  # vLLM's own switch: which plugins its processes load
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 _HELP_FLAGS = {"-h", "--help"}
 
@@ -214,7 +207,9 @@ class ServePlan:
     def summary(self) -> str:
         """One line for stderr: the defaults added and, for a named model, those left out."""
         added = " ".join(self.added) if self.added else "none"
-        line = "vllm-lookahead serve: " + ("" if self.speculation else "no speculative decoding; ")
+        line = "vllm-lookahead serve: " + (
+            "" if self.speculation else "no speculative decoding, the plugin not loaded (patches nothing); "
+        )
         line += f"defaults added: {added}"
         if self.left_out:
             line += f"; bundled-model defaults left to vLLM: {' '.join(self.left_out)}"
@@ -353,6 +348,8 @@ def plan_serve(
         elif not bundled and default.applies(True, on_cpu):
             left_out.append(default.shown())
     env_set, env_left_out = _env_defaults(bundled, on_cpu, env or {})
+    if no_speculation:
+        env_set[PLUGINS_ENV] = plugins_without_lookahead(env or {})
     head = ["serve", str(model_path)] if bundled else ["serve"]
     return ServePlan(
         argv=[*head, *args, *extra],
@@ -361,6 +358,47 @@ def plan_serve(
         left_out=[*left_out, *env_left_out],
         bundled=bundled,
         speculation=not no_speculation,
+    )
+
+
+def plugins_without_lookahead(env: Mapping[str, str], installed: Sequence[str] | None = None) -> str:
+    """``VLLM_PLUGINS`` for a server without lookahead: every vLLM plugin it would load but this one
+    (vLLM loads all when the variable is unset; an empty value loads none)."""
+    if env.get(PLUGINS_ENV) is not None:
+        names = env[PLUGINS_ENV].split(",")
+    elif installed is not None:
+        names = list(installed)
+    else:
+        from importlib.metadata import distributions
+
+        names = sorted({ep.name for d in distributions() for ep in d.entry_points if ep.group.startswith("vllm.")})
+    return ",".join(n for n in names if n and n != PLUGIN_NAME)
+
+
+def omp_binding_hint(env: Mapping[str, str], cores: Sequence[int]) -> str | None:
+    """One line saying how two CPU servers share this machine's cores, or None when the binding
+    was chosen (``VLLM_CPU_OMP_THREADS_BIND`` set).  vLLM's default ("auto") binds every engine's
+    OpenMP threads from the first core, so a second server beside a first (``--no-speculation``
+    as a baseline, say) competes for the same cores."""
+    if env.get(OMP_BIND_ENV) or len(cores) < 2:
+        return None
+    cores = sorted(cores)
+    half = len(cores) // 2
+    first, second = _core_list(cores[:half]), _core_list(cores[half:])
+    return (
+        f"vllm-lookahead serve: OpenMP threads bound by vLLM from core {cores[0]} ({OMP_BIND_ENV}=auto); "
+        f"to run two servers on this machine give each its own cores: {OMP_BIND_ENV}={first} for one, "
+        f"{OMP_BIND_ENV}={second} for the other"
+    )
+
+
+def _core_list(cores: Sequence[int]) -> str:
+    return (
+        str(cores[0])
+        if len(cores) == 1
+        else f"{cores[0]}-{cores[-1]}"
+        if cores[-1] - cores[0] == len(cores) - 1
+        else ",".join(map(str, cores))
     )
 
 
@@ -375,9 +413,7 @@ def _shown_options(extra: Sequence[str]) -> list[str]:
     return shown
 
 
-def build_serve_argv(
-    user_args: Sequence[str], model_path: str | os.PathLike | None, on_cpu: bool
-) -> list[str]:
+def build_serve_argv(user_args: Sequence[str], model_path: str | os.PathLike | None, on_cpu: bool) -> list[str]:
     """The argv for ``vllm`` (without the executable): ``["serve", ...]`` (see :func:`plan_serve`).
 
     Bundled model on CPU: ``--speculative-config '{"method": "lookahead"}' --dtype float32
@@ -426,7 +462,7 @@ def serve_help() -> str:
         "",
         "A named MODEL gets the defaults marked 'every model'; one line on stderr lists the defaults",
         "added and those left to vLLM.  Give an option to override its default, e.g. --dtype bfloat16,",
-        "--host 0.0.0.0, --speculative-config '{\"method\": \"lookahead\", \"window_size\": 15}'",
+        '--host 0.0.0.0, --speculative-config \'{"method": "lookahead", "window_size": 15}\'',
         "(configs/ holds presets) or --speculative-config.window_size 15.",
         "",
         "examples:",
@@ -462,7 +498,7 @@ def _vllm_command() -> list[str]:
 
     Under the ``vllm-cpu`` distribution vLLM's CLI cannot start as shipped (it looks up the
     version of a distribution named ``vllm``), so it runs through
-    :mod:`vllm_lookahead._vllm_entry`, which patches that lookup.
+    :mod:`vllm_lookahead.engine.hooks.vllm_cli`, which patches that lookup.
     """
     import importlib.metadata as md
 
@@ -471,7 +507,7 @@ def _vllm_command() -> list[str]:
     except md.PackageNotFoundError:
         try:
             md.version("vllm-cpu")
-            return [sys.executable, "-m", "vllm_lookahead._vllm_entry"]
+            return [sys.executable, "-m", "vllm_lookahead.engine.hooks.vllm_cli"]
         except md.PackageNotFoundError:
             pass
     exe = Path(sys.executable).parent / "vllm"
@@ -503,8 +539,11 @@ def allocator_choice(env: Mapping[str, str], find: Callable[[str], str | None] |
     out, one already preloaded, none installed."""
     head = "vllm-lookahead serve: allocator:"
     if env.get(ALLOCATOR_ENV, "auto") != "auto":
-        return AllocatorChoice(None, f"{head} none preloaded ({ALLOCATOR_ENV}={env[ALLOCATOR_ENV]}); "
-                                     f"LD_PRELOAD as given: {env.get('LD_PRELOAD') or 'empty (glibc malloc)'}")
+        return AllocatorChoice(
+            None,
+            f"{head} none preloaded ({ALLOCATOR_ENV}={env[ALLOCATOR_ENV]}); "
+            f"LD_PRELOAD as given: {env.get('LD_PRELOAD') or 'empty (glibc malloc)'}",
+        )
     current = env.get("LD_PRELOAD", "")
     chosen = next((name for name in ALLOCATORS if name in current), None)
     if chosen is not None:
@@ -518,9 +557,12 @@ def allocator_choice(env: Mapping[str, str], find: Callable[[str], str | None] |
         if lib:
             preload = f"{lib}:{current}" if current else lib
             return AllocatorChoice(preload, f"{head} {name} preloaded ({lib})")
-    return AllocatorChoice(None, f"{head} glibc malloc: no system jemalloc or tcmalloc found (apt install "
-                                 "libjemalloc2; under glibc a lookahead server's memory keeps growing under load, "
-                                 "docs/design.md \"Resident memory\")")
+    return AllocatorChoice(
+        None,
+        f"{head} glibc malloc: no system jemalloc or tcmalloc found (apt install "
+        "libjemalloc2; under glibc a lookahead server's memory keeps growing under load, "
+        'docs/design.md "Resident memory")',
+    )
 
 
 def allocator_preload(env: Mapping[str, str], find: Callable[[str], str | None] | None = None) -> str | None:
@@ -564,6 +606,13 @@ def _run_serve(args: argparse.Namespace) -> int:
     print(plan.summary(), file=sys.stderr, flush=True)
     allocator = _serve_allocator(on_cpu)
     print(allocator.line, file=sys.stderr, flush=True)
+    hint = (
+        omp_binding_hint(os.environ, sorted(os.sched_getaffinity(0)))
+        if on_cpu and sys.platform.startswith("linux")
+        else None
+    )
+    if hint:
+        print(hint, file=sys.stderr, flush=True)
     return _exec_vllm(plan.argv, allocator.preload)
 
 
@@ -632,7 +681,6 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _load_extensions()
     # Pass-through subcommands get their argv verbatim (argparse would try to parse
     # options such as --port that belong to the wrapped tool).
     if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]].passthrough:

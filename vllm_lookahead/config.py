@@ -17,7 +17,9 @@ This is the project's only parameter object: the engine-free core
 builds from ``--speculative-config``, so code and tests built with
 ``LookaheadConfig()`` run the shipped defaults.  Ranges are declared once, on the
 fields; error messages and the README table are derived from (and tested
-against) them.
+against) them.  The step's mode (:class:`DraftMode`) is decided here, once.  The
+benchmarks' ablations vary parts of the algorithm through :class:`Ablation`, which
+is not a user key.
 """
 
 from __future__ import annotations
@@ -29,30 +31,45 @@ from typing import Annotated, Any, Literal
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from vllm_lookahead.core.mode import DraftMode
+
+__all__ = [
+    "ABLATION_KEY",
+    "ADDITIONAL_CONFIG_KEY",
+    "Ablation",
+    "DraftMode",
+    "LookaheadConfig",
+    "LookaheadConfigError",
+    "METHOD_NAME",
+    "REMOVED_KEYS",
+    "USER_KEYS",
+    "field_range",
+    "parameter_table",
+]
+
 METHOD_NAME = "lookahead"
 # Key of vLLM's ``additional_config`` (its documented plugin slot, shipped to every
 # engine and worker process with the VllmConfig) under which the validated config travels.
 ADDITIONAL_CONFIG_KEY = "lookahead"
+# Key of ``additional_config`` under which a benchmark or a test passes :class:`Ablation` settings.
+ABLATION_KEY = "lookahead_ablation"
 
 
 class LookaheadConfigError(ValueError):
     """A lookahead speculative config that cannot be used (bad value or unknown key)."""
 
 
-class LookaheadConfig(BaseModel):
-    """Lookahead decoding parameters (the keys of ``--speculative-config`` besides ``method``)."""
+class Ablation(BaseModel):
+    """Parts of the algorithm the benchmarks' ablations and the tests switch off or vary.
+
+    Not a user key: ``--speculative-config`` refuses these names, and the shipped values are
+    the ones measured best (``seed`` is arbitrary).  A benchmark or a test sets them for an
+    engine through vLLM's ``additional_config`` under :data:`ABLATION_KEY`, in code through
+    ``LookaheadConfig(ablation=Ablation(...))``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    window_size: int = Field(
-        7, ge=0, le=64,
-        description="W: lookahead window columns (0: no lookahead branch; candidates then come from "
-        "the prompt and output only)",
-    )
-    ngram_size: int = Field(5, ge=2, le=16, description="N: n-gram length; the window has N-1 levels")
-    guess_set_size: int = Field(
-        7, ge=0, le=64, description="G: pool n-grams verified per step and kept per key token"
-    )
     pool_from_prompt: bool = Field(True, description="seed the n-gram pool with the prompt")
     pool_from_output: bool = Field(True, description="the pool also learns accepted output n-grams")
     window_shift: Literal["one", "accepted"] = Field(
@@ -61,75 +78,57 @@ class LookaheadConfig(BaseModel):
         "'accepted': it also shifts by the number of accepted tokens",
     )
     merge_candidates: bool = Field(
-        True,
-        description="trie-merge verification candidates that share a prefix (greedy: the same tokens "
-        "per step from 6-14 % fewer draft tokens, docs/results.md; sampled requests always merge)",
+        True, description="trie-merge greedy verification candidates that share a prefix (sampled ones always merge)"
     )
-    max_pool_keys: int = Field(65536, ge=1, le=10_000_000, description="key tokens kept per pool (LRU)")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the window initialisation RNG")
+
+
+class LookaheadConfig(BaseModel):
+    """Lookahead decoding parameters (the keys of ``--speculative-config`` besides ``method``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    window_size: int = Field(
+        7,
+        ge=0,
+        le=64,
+        description="W: lookahead window columns (0: no lookahead branch; candidates then come from "
+        "the prompt and output only)",
+    )
+    ngram_size: int = Field(5, ge=2, le=16, description="N: n-gram length; the window has N-1 levels")
+    guess_set_size: int = Field(7, ge=0, le=64, description="G: pool n-grams verified per step and kept per key token")
+    max_lead_tokens: int = Field(
+        32,
+        ge=0,
+        le=256,
+        description="the first (most likely) candidate grows past N-1 tokens by looking up the pools "
+        "again with its own text, up to this many tokens (values <= N-1: the paper's N-1-token candidates)",
+    )
+    lookup_context: int = Field(
+        3,
+        ge=1,
+        le=8,
+        description="candidates are looked up by the last 1..lookup_context tokens, longest match "
+        "first (1: the paper, by the last token only)",
+    )
     shared_pool: bool = Field(
         False,
         description="also draft from n-grams of other requests' outputs (one bounded LRU pool per "
-        "engine, token ids only, like suffix decoding's cache); off by default: a request's speed "
-        "may then depend on other clients' text (outputs never do)",
+        "engine, token ids only); a request's speed may then depend on other clients' text, its "
+        "output never does",
     )
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the window initialisation RNG")
-    lookup_context: int = Field(
-        3, ge=1, le=8,
-        description="candidates are looked up by the last 1..lookup_context tokens, longest match "
-        "first (1 = the paper: by the last token only; 3 accepted 1-6 % more tokens per step "
-        "than 1 in docs/results.md)",
-    )
-    max_lead_tokens: int = Field(
-        32, ge=0, le=256,
-        description="the first (most likely) candidate grows past N-1 tokens, by looking up the "
-        "pools again with its own text, while it is accepted in full: its length doubles per fully "
-        "accepted step up to this and falls back to N-1 at a miss (values <= N-1: the paper, "
-        "candidates of N-1 tokens)",
-    )
+    max_pool_keys: int = Field(65536, ge=1, le=10_000_000, description="key tokens kept per pool (LRU)")
     max_tokens_per_step: Annotated[int, Field(ge=0, le=65536)] | Literal["auto"] = Field(
         "auto",
-        description="'auto': the cost-aware draft rule chooses each step's lead length, candidates "
-        "and window columns per request from the forward cost measured on the running hardware "
-        "and each request's acceptance (docs/design.md); a number: a fixed cap on the tokens one "
-        "forward carries for decoding requests (one each plus their drafts), drafts cut to fit "
-        "equally per request, full trees when they fit; 0 = full trees, no cap",
+        description="'auto': the draft rule sizes each request's draft from the forward cost measured "
+        "on the running hardware and the request's acceptance; a number: a fixed cap on the tokens "
+        "one forward carries for decoding requests (one each plus their drafts); 0: full trees, no cap",
     )
-
-    measure_drafting: bool = Field(
-        False,
-        description="with max_tokens_per_step 'auto': also time decode steps with and without drafts "
-        "per batch size and draft only where drafting has emitted at least the tokens per second of "
-        "not drafting (core/draft_gate.py; off by default: in two side-by-side runs the rule alone "
-        "was faster in 26 of 32 cells and slower in 4, docs/results.md); output is the same either way",
-    )
-
-    price_host_work: bool = Field(
-        False,
-        description="with max_tokens_per_step 'auto', opt-in: a step drafts only if its plan beats not "
-        "drafting with the host's proposal work (measured in this worker) priced in, and a batch "
-        "whose plans draft none of the candidates offered two steps running rests from proposing "
-        "for a growing number of steps (engine/step_timing.py; off by default: a second side-by-side "
-        "run did not repeat the first's gain, and it is unmeasured on a GPU); output is the same "
-        "either way",
-    )
-
-    price_verification: bool = Field(
-        True,
-        description="with max_tokens_per_step 'auto': a request drafts only where its draft pays the "
-        "host time verifying its tree takes (its target distributions and the walk; measured in this "
-        "worker for greedy and sampled requests apart, not under tensor parallelism), a fixed price "
-        "per drafting request whatever the draft's size; output is the same either way",
-    )
-    rest_idle_requests: bool = Field(
-        True,
-        description="with max_tokens_per_step 'auto': a request that was offered to the draft rule "
-        "and drafted nothing on two proposals running skips the next 1, 2, 4 up to 8 proposals (no "
-        "lookups, its pools catch up later), where proposing costs at least 2% of the step's forward "
-        "per request (measured in this worker; not under tensor parallelism); output is the same either way",
-    )
+    # not a user key (from_user_dict refuses it): the benchmarks' and tests' settings
+    ablation: Ablation = Field(default_factory=Ablation)
 
     @model_validator(mode="after")
-    def _drafts_something(self) -> "LookaheadConfig":
+    def _drafts_something(self) -> LookaheadConfig:
         if self.window_size == 0 and self.guess_set_size == 0:
             raise ValueError("window_size and guess_set_size are both 0: nothing would ever be drafted")
         return self
@@ -154,61 +153,85 @@ class LookaheadConfig(BaseModel):
             candidates += self.lead_tokens - levels
         return max(0, self.window_size * levels - 1) + candidates
 
-    # -- the per-step token cap (engine side) ---------------------------------------------
+    # -- the step's mode (engine side) -----------------------------------------------------
     @property
-    def cost_rule(self) -> bool:
-        """Whether the cost-aware draft rule sizes each step's trees (``max_tokens_per_step: "auto"``)."""
-        return self.max_tokens_per_step == "auto"
+    def mode(self) -> DraftMode:
+        """How each step's trees are sized: decided here, once, from ``max_tokens_per_step``."""
+        if self.max_tokens_per_step == "auto":
+            return DraftMode.AUTO
+        return DraftMode.FULL if self.max_tokens_per_step == 0 else DraftMode.CAP
 
     def draft_budget(self, num_decoding: int) -> int | None:
-        """Under a fixed cap: draft nodes each of ``num_decoding`` requests may add so the forward
-        stays within it (None = no cap, or the cost rule decides)."""
-        cap = 0 if self.cost_rule else int(self.max_tokens_per_step)
-        if cap and num_decoding > 0:
-            return max(0, (cap - num_decoding) // num_decoding)
-        return None
+        """Under :attr:`DraftMode.CAP`: draft nodes each of ``num_decoding`` requests may add so the
+        forward stays within the cap (None in the other modes)."""
+        if self.mode is not DraftMode.CAP or num_decoding <= 0:
+            return None
+        return max(0, (int(self.max_tokens_per_step) - num_decoding) // num_decoding)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def from_user_dict(cls, spec: dict[str, Any]) -> "LookaheadConfig":
-        """Validate a user's speculative-config dict (``method`` included)."""
+    def from_user_dict(cls, spec: dict[str, Any], ablation: dict[str, Any] | None = None) -> LookaheadConfig:
+        """Validate a user's speculative-config dict (``method`` included); ``ablation``: the
+        benchmarks' and tests' :class:`Ablation` settings (vLLM's ``additional_config``)."""
         if not isinstance(spec, dict):
-            raise LookaheadConfigError(
-                f"lookahead speculative config must be a JSON object, got {type(spec).__name__}"
-            )
+            raise LookaheadConfigError(f"lookahead speculative config must be a JSON object, got {type(spec).__name__}")
         fields = {k.replace("-", "_"): v for k, v in spec.items() if k != "method"}
-        if "num_speculative_tokens" in fields:
-            raise LookaheadConfigError(
-                "lookahead speculative config: field 'num_speculative_tokens' is not accepted; "
-                "the draft size follows from window_size, ngram_size, guess_set_size and "
-                "max_lead_tokens ((W*(N-1) - 1) + G*(N-1) tokens per step, plus the lead "
-                "candidate's growth past N-1 up to max_lead_tokens)"
-            )
+        for name, value in fields.items():
+            if name in REMOVED_KEYS:
+                raise LookaheadConfigError(f"lookahead speculative config: field '{name}' {REMOVED_KEYS[name]}")
+            if name not in USER_KEYS:
+                valid = ", ".join(["method", *USER_KEYS])
+                raise LookaheadConfigError(
+                    f"invalid lookahead speculative config: unknown field '{name}' (value {value!r}); "
+                    f"valid fields: {valid}"
+                )
         try:
-            return cls(**fields)
+            ablation_settings = Ablation(**(ablation or {}))
+        except (TypeError, ValidationError) as exc:
+            raise LookaheadConfigError(f"invalid lookahead ablation settings ({ABLATION_KEY}): {exc}") from None
+        try:
+            return cls(**fields, ablation=ablation_settings)
         except ValidationError as exc:
             raise LookaheadConfigError(_format_errors(exc, fields)) from None
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: Any) -> "LookaheadConfig":
-        """The config :func:`vllm_lookahead.engine.startup.translate` stored in ``additional_config``."""
+    def from_vllm_config(cls, vllm_config: Any) -> LookaheadConfig:
+        """The config :func:`vllm_lookahead.engine.hooks.startup.translate` stored in ``additional_config``."""
         raw = (getattr(vllm_config, "additional_config", None) or {}).get(ADDITIONAL_CONFIG_KEY)
         return cls.model_validate(raw or {}, strict=False)
 
     def summary(self) -> str:
-        return (
+        text = (
             f"W={self.window_size} N={self.ngram_size} G={self.guess_set_size} "
-            f"(<= {self.max_draft_tokens} draft tokens/step, shift={self.window_shift}, "
-            f"pool_from_prompt={self.pool_from_prompt}, pool_from_output={self.pool_from_output}, "
-            f"shared_pool={self.shared_pool}, "
-            f"lookup_context={self.lookup_context}, max_lead_tokens={self.max_lead_tokens}, "
+            f"(<= {self.max_draft_tokens} draft tokens/step, max_lead_tokens={self.max_lead_tokens}, "
+            f"lookup_context={self.lookup_context}, shared_pool={self.shared_pool}, "
             f"max_tokens_per_step={self.max_tokens_per_step})"
         )
+        if self.ablation != Ablation():
+            text += f", ablation {self.ablation.model_dump(exclude_defaults=True)}"
+        return text
+
+
+USER_KEYS = tuple(name for name in LookaheadConfig.model_fields if name != "ablation")
+# Keys earlier releases accepted, and what became of them (said in the error).
+REMOVED_KEYS = {
+    "num_speculative_tokens": "is not accepted: the draft size follows from window_size, ngram_size, "
+    "guess_set_size and max_lead_tokens ((W*(N-1) - 1) + G*(N-1) tokens per step, plus the lead "
+    "candidate's growth past N-1 up to max_lead_tokens)",
+    "measure_drafting": "was removed: the draft rule alone decides what each step drafts (max_tokens_per_step 'auto')",
+    "price_host_work": "was removed: the draft rule alone decides what each step drafts (max_tokens_per_step 'auto')",
+    "price_verification": "was removed: under max_tokens_per_step 'auto' verification is always priced",
+    "rest_idle_requests": "was removed: under max_tokens_per_step 'auto' idle requests always rest",
+    **{
+        name: "was removed from the user's config (an ablation setting of the benchmarks, fixed at its measured value)"
+        for name in Ablation.model_fields
+    },
+}
 
 
 def field_range(name: str) -> str:
     """The valid values of one field, in words, read off its declaration (e.g. 'an integer in [1, 64]')."""
-    info = LookaheadConfig.model_fields[name]
+    info = LookaheadConfig.model_fields.get(name) or Ablation.model_fields[name]
     return _describe(info.annotation, info.metadata)
 
 
@@ -251,7 +274,7 @@ def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
             continue
         field = str(err["loc"][0])
         if err["type"] == "extra_forbidden":
-            valid = ", ".join(["method", *LookaheadConfig.model_fields])
+            valid = ", ".join(["method", *USER_KEYS])
             lines.append(f"unknown field '{field}' (value {given.get(field)!r}); valid fields: {valid}")
         else:
             rng = field_range(field) if field in LookaheadConfig.model_fields else "see the README"
@@ -259,3 +282,15 @@ def _format_errors(exc: ValidationError, given: dict[str, Any]) -> str:
             if line not in lines:  # a union reports one error per member
                 lines.append(line)
     return "invalid lookahead speculative config: " + "; ".join(lines)
+
+
+def parameter_table() -> str:
+    """The README's parameter table (Markdown), generated from the fields: key, default, valid
+    values, meaning.  A test keeps the README's copy equal to it."""
+    rows = ["| key | default | valid values | meaning |", "|---|---|---|---|"]
+    for name in USER_KEYS:
+        info = LookaheadConfig.model_fields[name]
+        default = str(info.default).lower() if isinstance(info.default, bool) else info.default
+        default = f'`"{default}"`' if isinstance(info.default, str) else f"`{default}`"
+        rows.append(f"| `{name}` | {default} | {field_range(name)} | {info.description} |")
+    return "\n".join(rows)

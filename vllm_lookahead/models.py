@@ -32,8 +32,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = [
     "DEFAULT_MODEL_NAME",

@@ -9,7 +9,7 @@
 # with lookahead and CPU defaults (`vllm-lookahead serve --help` lists them); without a MODEL it
 # serves the bundled SmolLM2-135M-Instruct (CPU image, local install).
 #
-# LOOKAHEAD_PRESET: a preset name from configs/ ("lookahead-code" or "lookahead-code.json", looked up
+# LOOKAHEAD_PRESET: a preset name from configs/ ("lookahead-shared-pool" or "lookahead-shared-pool.json", looked up
 # in $LOOKAHEAD_CONFIGS) or a path to a JSON file (e.g. a mounted Kubernetes ConfigMap).  Empty: no
 # preset is added (lookahead with its default settings).  Arguments that already set the speculative
 # config (--speculative-config, -sc, --speculative-config.KEY) or turn it off (--no-speculation) win:

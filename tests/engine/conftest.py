@@ -23,23 +23,17 @@ import os
 from pathlib import Path
 
 import pytest
-
 from harness import Engine
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-# The engine tests check what is drafted, accepted and emitted; whether drafting is faster than not
-# drafting on this shared machine at a given moment (core/draft_gate.py, opt-in, unit-tested on its
-# own) must not decide whether a test sees drafts: every engine and server of these tests runs
-# without it, whatever a test's config says.
-os.environ.setdefault("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
 
 REAL_MODEL_TOKENS = 64
 
 
 @pytest.fixture(scope="session")
 def toy_model() -> str:
+    from support.toy_model import build_toy_llama
     from vllm_lookahead.models import cache_root
-    from vllm_lookahead.testing.toy_model import build_toy_llama
 
     return str(build_toy_llama(Path(cache_root()) / "toy-llama"))
 
@@ -48,8 +42,8 @@ def toy_model() -> str:
 def sharp_toy_model() -> str:
     """The toy model with a 4x sharper LM head: at temperature 1 its next token is still fairly
     predictable, so sampled drafts get accepted (the default toy is nearly flat over its tail)."""
+    from support.toy_model import build_toy_llama
     from vllm_lookahead.models import cache_root
-    from vllm_lookahead.testing.toy_model import build_toy_llama
 
     return str(build_toy_llama(Path(cache_root()) / "toy-llama-sharp", logit_std=64.0))
 
@@ -102,8 +96,9 @@ _LAST_TOY_SERVER_USER: list[str] = []  # node id of the last selected test using
 
 
 def pytest_collection_finish(session):
-    users = [it.nodeid for it in session.items
-             if {"toy_servers", "toy_reference"} & set(getattr(it, "fixturenames", ()))]
+    users = [
+        it.nodeid for it in session.items if {"toy_servers", "toy_reference"} & set(getattr(it, "fixturenames", ()))
+    ]
     _LAST_TOY_SERVER_USER[:] = users[-1:]
 
 
@@ -123,8 +118,9 @@ def toy_servers(toy_model, tmp_path_factory, engines):
     engines.close_all()
     log_dir = tmp_path_factory.mktemp("toy-servers")
     servers = {
-        "lookahead": Server("lookahead", toy_model, TOY_SPEC, [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary"],
-                            log_dir),
+        "lookahead": Server(
+            "lookahead", toy_model, TOY_SPEC, [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary"], log_dir
+        ),
         "none": Server("none", toy_model, None, TOY_ARGS, log_dir),
     }
     _TOY_SERVERS.update(servers)

@@ -10,8 +10,9 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from vllm_lookahead.bench.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
-from vllm_lookahead.bench.prompts import SPECBENCH_FILE as SPECBENCH  # shipped with the package
+from benchmarks.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
+from benchmarks.methods import engine_arguments
+from benchmarks.prompts import SPECBENCH_FILE as SPECBENCH  # shipped with the package
 
 # Two fp32 kernels (vLLM's CPU attention vs the tree path's SDPA) may round
 # differently; a differing token is only tolerated where the no-speculation run's
@@ -37,8 +38,14 @@ THINK_START, THINK_END = "<think>", "</think>"
 TOY_TREE = {"method": "lookahead", "window_size": 3, "ngram_size": 4, "guess_set_size": 5, "max_tokens_per_step": 0}
 # The bundled model's engine with branching trees (test_real_exactness.py, test_sampling_stats.py):
 # candidates merged where they share a first token, plus a 2 x 2 window, no per-step cap.
-REAL_TREE = {"method": "lookahead", "window_size": 2, "ngram_size": 3, "guess_set_size": 2, "max_lead_tokens": 0,
-             "max_tokens_per_step": 0}
+REAL_TREE = {
+    "method": "lookahead",
+    "window_size": 2,
+    "ngram_size": 3,
+    "guess_set_size": 2,
+    "max_lead_tokens": 0,
+    "max_tokens_per_step": 0,
+}
 
 
 def specbench_questions(categories: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:
@@ -75,8 +82,8 @@ class Engine:
             from vllm.config.reasoning import ReasoningConfig
 
             kwargs["reasoning_config"] = ReasoningConfig(reasoning_start_str=THINK_START, reasoning_end_str=THINK_END)
-        if speculative_config is not None:
-            kwargs["speculative_config"] = speculative_config
+        # a spec's ablation keys (merge_candidates, ...) travel in additional_config, as the benchmark sends them
+        kwargs.update(engine_arguments(speculative_config))
         with _multiprocessing(not in_process):
             self.llm = LLM(model=model, **kwargs)
         self.spec = speculative_config
@@ -98,7 +105,10 @@ class Engine:
         from vllm.inputs import TokensPrompt
 
         base = {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": logprobs, **params}
-        sps = [SamplingParams(**{**base, **(per_prompt[i % len(per_prompt)] if per_prompt else {})}) for i in range(len(prompts))]
+        sps = [
+            SamplingParams(**{**base, **(per_prompt[i % len(per_prompt)] if per_prompt else {})})
+            for i in range(len(prompts))
+        ]
         out: list[Completion] = []
         for i in range(0, len(prompts), batch):
             chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[i : i + batch]]
@@ -109,8 +119,10 @@ class Engine:
                     vals = sorted((v.logprob for v in lp.values()), reverse=True)
                     gaps.append(vals[0] - vals[1] if len(vals) > 1 else math.inf)
                     chosen.append(lp[token].logprob)
-                prompt_lps = [None if lp is None else lp[t].logprob
-                              for t, lp in zip(res.prompt_token_ids, res.prompt_logprobs or [])]
+                prompt_lps = [
+                    None if lp is None else lp[t].logprob
+                    for t, lp in zip(res.prompt_token_ids, res.prompt_logprobs or [])
+                ]
                 out.append(Completion(list(o.token_ids), gaps, chosen, prompt_lps))
         return out
 
@@ -153,7 +165,10 @@ def compare(baseline: list[Completion], candidate: list[Completion], label: str)
             continue
         j = next((k for k, (x, y) in enumerate(zip(b.tokens, c.tokens)) if x != y), min(len(b.tokens), len(c.tokens)))
         gap = b.gaps[j] if j < len(b.gaps) else math.nan
-        line = f"{label} prompt {i}: first difference at token {j}: baseline {b.tokens[j:j+1]} vs lookahead {c.tokens[j:j+1]}, baseline top1-top2 logit gap {gap:.3g}"
+        line = (
+            f"{label} prompt {i}: first difference at token {j}: baseline {b.tokens[j : j + 1]} vs lookahead "
+            f"{c.tokens[j : j + 1]}, baseline top1-top2 logit gap {gap:.3g}"
+        )
         report.append(line)
         if not (gap <= TIE_TOLERANCE):
             failures.append(line)
@@ -167,8 +182,10 @@ def real_prompt(model: str) -> list[int]:
     tok = AutoTokenizer.from_pretrained(model)
     text = "The quick brown fox jumps over the lazy dog near the river bank."
     for pad in range(64):  # 32k + 1 tokens: requests share k cached blocks and compute one token
-        messages = [{"role": "user", "content": f"Repeat this sentence five times{'!' * pad}: {text}"},
-                    {"role": "assistant", "content": " ".join([text] * 3) + " The quick brown fox"}]
+        messages = [
+            {"role": "user", "content": f"Repeat this sentence five times{'!' * pad}: {text}"},
+            {"role": "assistant", "content": " ".join([text] * 3) + " The quick brown fox"},
+        ]
         ids = tok.apply_chat_template(messages, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         end = len(ids) - 1 - ids[::-1].index(tok.convert_tokens_to_ids("<|im_end|>"))

@@ -40,8 +40,15 @@ class Server:
     """One ``vllm-lookahead serve`` process (``spec`` None: no speculation; ``env``: variables
     added to this process's environment)."""
 
-    def __init__(self, name: str, model: str, spec: dict | None, args: list[str], log_dir: Path,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        spec: dict | None,
+        args: list[str],
+        log_dir: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"

@@ -90,7 +90,10 @@ def test_client_dropping_a_stream_leaves_the_server_healthy_and_exact(servers):
         assert r.status == 200
     # then a plain request, and one whose prompt + max_tokens exceed max_model_len (vLLM accepts
     # it and stops at the limit): the same answers as without speculation
-    for body in (_completion(max_tokens=64, temperature=0), _completion(prompt=[5] * (MAX_MODEL_LEN - 12), max_tokens=100, temperature=0)):
+    for body in (
+        _completion(max_tokens=64, temperature=0),
+        _completion(prompt=[5] * (MAX_MODEL_LEN - 12), max_tokens=100, temperature=0),
+    ):
         answers = {}
         for name, base in bases.items():
             status, answer = _post(base, "/v1/completions", body)
@@ -107,13 +110,14 @@ BAD_SETTINGS = {  # needle -> vllm_xargs; the lookahead server runs servers.TOY_
     "ngram_size": {"lookahead_ngram_size": 3},  # per engine
     "lookahead_windowsize": {"lookahead_windowsize": 2},  # unknown
     "'lookahead'": {"lookahead": "sometimes"},
-    "shared_pool": {"lookahead_shared_pool": True},  # the engine has no shared pool
+    "shared_pool": {"lookahead_shared_pool": True},  # per engine
 }
 
 
 def _chat(**fields) -> bytes:
-    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16,
-                       **fields}).encode()
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16, **fields}
+    ).encode()
 
 
 @pytest.mark.parametrize("needle", list(BAD_SETTINGS))
@@ -121,7 +125,10 @@ def test_a_bad_lookahead_setting_is_a_400_naming_the_key(servers, needle):
     bases, procs = servers
     xargs = BAD_SETTINGS[needle]
     (key,) = xargs
-    for path, body in (("/v1/completions", _completion(vllm_xargs=xargs)), ("/v1/chat/completions", _chat(vllm_xargs=xargs))):
+    for path, body in (
+        ("/v1/completions", _completion(vllm_xargs=xargs)),
+        ("/v1/chat/completions", _chat(vllm_xargs=xargs)),
+    ):
         status, answer = _post(bases["lookahead"], path, body)
         assert status == 400, (path, status, answer)
         assert needle in answer["error"]["message"] and answer["error"]["param"] == key, answer
@@ -142,8 +149,14 @@ def test_per_request_settings_in_a_concurrent_batch_are_exact_and_off_is_never_d
     from servers import metric_total, scrape
 
     bases, _ = servers
-    settings = [None, {"lookahead": "off"}, {"lookahead_window_size": 0, "lookahead_max_lead_tokens": 4}, None,
-                {"lookahead": "off"}, {"lookahead_shared_pool": False, "lookahead_pool_from_prompt": False}]
+    settings = [
+        None,
+        {"lookahead": "off"},
+        {"lookahead_window_size": 0, "lookahead_max_lead_tokens": 4},
+        None,
+        {"lookahead": "off"},
+        {"lookahead_guess_set_size": 1, "lookahead_window_size": 2},
+    ]
     prompts = [PROMPT + "    " * k for k in range(len(settings))]
 
     def body(i: int) -> bytes:
@@ -154,7 +167,8 @@ def test_per_request_settings_in_a_concurrent_batch_are_exact_and_off_is_never_d
     answers = {}
     for name, base in bases.items():
         with ThreadPoolExecutor(len(settings)) as pool:
-            answers[name] = list(pool.map(lambda i: _post(base, "/v1/completions", body(i)), range(len(settings))))
+            post = lambda i, base=base: _post(base, "/v1/completions", body(i))
+            answers[name] = list(pool.map(post, range(len(settings))))
     time.sleep(2)  # the engine's stats reach the API server with its next stats message
     after = scrape(bases["lookahead"])
     for i, ((status, got), (status_none, want)) in enumerate(zip(answers["lookahead"], answers["none"])):
@@ -165,8 +179,9 @@ def test_per_request_settings_in_a_concurrent_batch_are_exact_and_off_is_never_d
             assert drafts == 0, (i, got.get("metrics"))
         else:
             assert drafts > 0, (i, settings[i], got.get("metrics"))
-    undrafted = (metric_total(after, "vllm:lookahead_undrafted_requests_total", reason="request")
-                 - metric_total(before, "vllm:lookahead_undrafted_requests_total", reason="request"))
+    undrafted = metric_total(after, "vllm:lookahead_undrafted_requests_total", reason="request") - metric_total(
+        before, "vllm:lookahead_undrafted_requests_total", reason="request"
+    )
     assert undrafted == 2
 
 
@@ -177,7 +192,9 @@ def test_the_readme_http_example_runs(servers):
     from harness import readme_python_block
 
     bases, _ = servers
-    example = readme_python_block("# Per-request settings over HTTP")
-    example = example.replace("http://127.0.0.1:8000", bases["lookahead"]).replace('"SmolLM2-135M-Instruct"', repr(MODEL))
+    example = readme_python_block("# OpenAI client")  # its second request carries per-request settings
+    example = example.replace("http://127.0.0.1:8000", bases["lookahead"]).replace(
+        '"SmolLM2-135M-Instruct"', repr(MODEL)
+    )
     done = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""`vllm-lookahead bench` end to end on the toy model (small, but every stage real).
+"""`python -m benchmarks` end to end on the toy model (small, but every stage real).
 
 Runs in a subprocess: the harness keeps its engines in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which must not leak into this test session.
@@ -11,8 +11,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]  # python -m benchmarks runs from the checkout
 
 pytestmark = pytest.mark.engine
 
@@ -25,15 +28,42 @@ LABEL = "lookahead W0 N3 G1 max_tokens_per_step=24"
 def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     out = tmp_path / "bench"
     cmd = [
-        sys.executable, "-m", "vllm_lookahead.cli", "bench", "--model", toy_model,
-        "--methods", "none", "ngram", LOOKAHEAD,
-        "--categories", "code", "--prompts-per-category", "3", "--concurrency", "1", "4",
-        "--min-sweep-requests", "4", "--requests-per-slot", "1",
-        "--max-tokens", "24", "--sweep-max-tokens", "16", "--repeats", "2", "--max-model-len", "512", "--max-prompt-tokens", "400",
-        "--ignore-eos", "--out", str(out),
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--model",
+        toy_model,
+        "--methods",
+        "none",
+        "ngram",
+        LOOKAHEAD,
+        "--categories",
+        "code",
+        "--prompts-per-category",
+        "3",
+        "--concurrency",
+        "1",
+        "4",
+        "--min-sweep-requests",
+        "4",
+        "--requests-per-slot",
+        "1",
+        "--max-tokens",
+        "24",
+        "--sweep-max-tokens",
+        "16",
+        "--repeats",
+        "2",
+        "--max-model-len",
+        "512",
+        "--max-prompt-tokens",
+        "400",
+        "--ignore-eos",
+        "--out",
+        str(out),
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(cwd=ROOT, args=cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "## Batch 1, per prompt category" in proc.stdout
     assert "%|" in proc.stderr  # the progress bar
@@ -42,7 +72,9 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
 
     raw = json.loads((out / "results.json").read_text())
     assert [m["method"] for m in raw["methods"]] == [
-        "no-spec", "ngram k=4 lookup 2..4", LABEL,
+        "no-spec",
+        "ngram k=4 lookup 2..4",
+        LABEL,
     ]
     ref_runs = raw["methods"][0]["runs"]
     # --ignore-eos: every request generates max_tokens (--sweep-max-tokens for the sweep)
@@ -76,7 +108,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         by_source = sum(c[f"lookahead_accepted_{s}"] for s in ("prompt", "output", "shared", "window"))
         assert by_source == c["lookahead_accepted_tokens"]
         # the same steps vLLM's scheduler counted (its spec-decode counters); vLLM's accepted tokens
-        # are the ones the requests kept (engine/spec_metrics.py), at most one cut step per request
+        # are the ones the requests kept (engine/metrics/spec_metrics.py), at most one cut step per request
         kept, verified = c["vllm:spec_decode_num_accepted_tokens"], c["lookahead_accepted_tokens"]
         assert c["lookahead_steps"] == c["vllm:spec_decode_num_drafts"]
         assert 0 < kept <= verified
@@ -86,9 +118,21 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
     # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT exactly for
     # chain drafts (the lead candidate within a fixed cap; the window cannot be replayed).
     replay = subprocess.run(
-        [sys.executable, "-m", "vllm_lookahead.cli", "bench", "--replay", str(out / "results.json"),
-         "--methods", "ngram", LOOKAHEAD],
-        capture_output=True, text=True, timeout=300, env=env,
+        cwd=ROOT,
+        args=[
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--replay",
+            str(out / "results.json"),
+            "--methods",
+            "ngram",
+            LOOKAHEAD,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert replay.returncode == 0, replay.stderr[-4000:]
     replayed = {}
@@ -103,9 +147,22 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
 
     # --replay-max-tokens replays each completion's first N tokens (= the greedy run with max_tokens N).
     short = subprocess.run(
-        [sys.executable, "-m", "vllm_lookahead.cli", "bench", "--replay", str(out / "results.json"),
-         "--methods", "ngram", "--replay-max-tokens", "10"],
-        capture_output=True, text=True, timeout=300, env=env,
+        cwd=ROOT,
+        args=[
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--replay",
+            str(out / "results.json"),
+            "--methods",
+            "ngram",
+            "--replay-max-tokens",
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert short.returncode == 0, short.stderr[-4000:]
     code_rows = [line for line in short.stdout.splitlines() if line.startswith("| code |")]

@@ -65,8 +65,14 @@ def servers(toy_model, tmp_path_factory, toy_reference):
 
 def complete(base: str, prompt: list[int], rank: int | None = None, **params) -> list[int]:
     """Token ids of one completion (``rank``: the data-parallel engine to serve it)."""
-    body = {"model": TOY_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "return_token_ids": True, **params}
+    body = {
+        "model": TOY_NAME,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "return_token_ids": True,
+        **params,
+    }
     headers = {"Content-Type": "application/json"}
     if rank is not None:
         headers["X-data-parallel-rank"] = str(rank)
@@ -122,7 +128,7 @@ def traffic(servers, toy_model):
     """Both phases' completions, the reference's, and ``/metrics`` around each phase."""
     from test_toy_exactness import toy_prompts
 
-    from vllm_lookahead.testing.toy_model import cycle_prompt
+    from support.toy_model import cycle_prompt
 
     dp, reference = servers
     prompts = toy_prompts(toy_model, GREEDY - CYCLES)
@@ -139,8 +145,9 @@ def traffic(servers, toy_model):
     out["probe_reference"] = complete(reference.base, probe)
     runs = []
     for rank in (0, 1):
-        for attempt in range(1, 4):  # an engine whose cost model says no draft pays at that moment keeps
-            before = idle(dp.base)   # no request state, so shares nothing: the probe is sent again
+        # an engine whose cost model says no draft pays at that moment keeps
+        for attempt in range(1, 4):  # noqa: B007 (read after the loop)
+            before = idle(dp.base)  # no request state, so shares nothing: the probe is sent again
             tokens = complete(dp.base, probe, rank=rank)
             settled(dp.base, before, len(tokens))
             after = pooled(dp.base, str(rank))
@@ -180,10 +187,14 @@ def test_both_engines_served_and_accepted_drafts(traffic):
     served = delta(before, after, "vllm:request_success_total")
     accepted = delta(before, after, "vllm:spec_decode_num_accepted_tokens_total")
     drafted = delta(before, after, "vllm:spec_decode_num_drafts_total")
-    undrafted = {reason: delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason)
-                 for reason in ("batch_full", "measured_slower", "no_candidate", "no_room")}
-    print(f"requests per engine {served}, drafted steps {drafted}, accepted draft tokens {accepted}, "
-          f"finished undrafted by reason {undrafted}")
+    undrafted = {
+        reason: delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason)
+        for reason in ("batch_full", "no_candidate", "no_room")
+    }
+    print(
+        f"requests per engine {served}, drafted steps {drafted}, accepted draft tokens {accepted}, "
+        f"finished undrafted by reason {undrafted}"
+    )
     assert sum(served.values()) == len(traffic["jobs"])
     assert all(served[e] > 0 for e in ENGINES), served
     assert sum(accepted.values()) > 0, accepted
@@ -197,7 +208,8 @@ def test_metrics_of_both_engines_on_one_endpoint(traffic):
     per-engine equalities while the sums still matched)."""
     start, end = traffic["start"], traffic["end"]
     for e in ENGINES:
-        def d(name: str, **labels: str) -> float:
+
+        def d(name: str, e: str = e, **labels: str) -> float:
             return delta(start, end, name, **labels)[e]
 
         drafts = d("vllm:spec_decode_num_drafts_total")
@@ -211,8 +223,11 @@ def test_metrics_of_both_engines_on_one_endpoint(traffic):
         assert d("vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted, e
         assert d("vllm:lookahead_propose_seconds_count") > 0, e
     # both engines' series are exported, and only theirs
-    engines = {s.split('engine="', 1)[1].split('"', 1)[0] for s in end
-               if s.startswith(("vllm:lookahead_", "vllm:spec_decode_")) and 'engine="' in s}
+    engines = {
+        s.split('engine="', 1)[1].split('"', 1)[0]
+        for s in end
+        if s.startswith(("vllm:lookahead_", "vllm:spec_decode_")) and 'engine="' in s
+    }
     assert engines == set(ENGINES), engines
 
 
@@ -228,13 +243,16 @@ def test_shared_pool_is_per_engine(traffic):
         assert served == {e: float(e == str(run["rank"])) for e in ENGINES}, f"probe for engine {run['rank']}: {served}"
     first = per_engine(on_first["after"], "vllm:lookahead_pool_ngrams")
     second = per_engine(on_second["after"], "vllm:lookahead_pool_ngrams")
-    print(f"shared pool n-grams per engine: after the probe on engine 0 {first}, then on engine 1 {second} "
-          f"(probes sent {on_first['attempts']} / {on_second['attempts']} times)")
+    print(
+        f"shared pool n-grams per engine: after the probe on engine 0 {first}, then on engine 1 {second} "
+        f"(probes sent {on_first['attempts']} / {on_second['attempts']} times)"
+    )
     for run in (on_first, on_second):
         drafted = delta(run["before"], run["after"], "vllm:spec_decode_num_drafts_total")
-        undrafted = {reason: delta(run["before"], run["after"], "vllm:lookahead_undrafted_requests_total",
-                                   reason=reason)
-                     for reason in ("batch_full", "measured_slower", "no_candidate", "no_room")}
+        undrafted = {
+            reason: delta(run["before"], run["after"], "vllm:lookahead_undrafted_requests_total", reason=reason)
+            for reason in ("batch_full", "no_candidate", "no_room")
+        }
         print(f"probe on engine {run['rank']}: drafted steps {drafted}, finished undrafted by reason {undrafted}")
     assert first["0"] > 0 and first["1"] == 0, first
     assert second["1"] > 0 and second["0"] == first["0"], second
@@ -249,9 +267,9 @@ def test_each_engine_profiled_its_own_cost_model(servers, traffic):
 def test_a_fully_cached_prompt_is_not_padded_with_placeholder_drafts(servers, toy_model, traffic):
     """vLLM drops every draft-length schedule under data parallelism, which brings back its padding
     of a request whose prompt is all in the prefix cache to 1 + K placeholder rows (84 here); the
-    plugin puts lookahead's schedule back (``engine/startup.py: restore_draft_schedule``), so the
+    plugin puts lookahead's schedule back (``engine/hooks/startup.py: restore_draft_schedule``), so the
     second request for a 257-token prompt (two blocks of 128 + 1 token) computes one row."""
-    from vllm_lookahead.testing.toy_model import cycle_prompt
+    from support.toy_model import cycle_prompt
 
     dp = servers[0]
     prompt = cycle_prompt(Path(toy_model), 257, start=700)

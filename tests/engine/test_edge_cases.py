@@ -6,7 +6,6 @@ window's warm-up."""
 from __future__ import annotations
 
 import pytest
-
 from harness import TOY_TREE, compare, counter_delta, specbench_questions
 
 pytestmark = pytest.mark.engine

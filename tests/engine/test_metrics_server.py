@@ -56,9 +56,13 @@ def server(request, toy_model, tmp_path_factory):
         shared = request.getfixturevalue("toy_servers")["lookahead"]
         yield shared.base, shared.proc, shared.log
         return
-    own = Server("lookahead-2-api-servers", toy_model, TOY_SPEC,
-                 [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary", "--api-server-count", "2"],
-                 tmp_path_factory.mktemp("server"))
+    own = Server(
+        "lookahead-2-api-servers",
+        toy_model,
+        TOY_SPEC,
+        [*TOY_ARGS, "--per-request-spec-decode-metrics", "summary", "--api-server-count", "2"],
+        tmp_path_factory.mktemp("server"),
+    )
     try:
         start_all([own])
         yield own.base, own.proc, own.log
@@ -76,17 +80,30 @@ def _send_requests(base: str) -> list[dict]:
     for max_tokens in (48, 6, 96):  # 6: drafts run past max_tokens and must not count
         r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=max_tokens, temperature=0)
         results.append({"tokens": r.usage.completion_tokens, "spec": (r.model_extra or {}).get("metrics")})
-        r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}],
-                                           max_tokens=max_tokens, temperature=0)
+        r = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0
+        )
         results.append({"tokens": r.usage.completion_tokens, "spec": (r.model_extra or {}).get("metrics")})
     for kind in ("completion", "chat"):
         if kind == "completion":
-            stream = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=40, temperature=0.7, seed=3,
-                                               stream=True, stream_options={"include_usage": True})
+            stream = client.completions.create(
+                model=MODEL_NAME,
+                prompt=PROMPT,
+                max_tokens=40,
+                temperature=0.7,
+                seed=3,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
         else:
-            stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": PROMPT}],
-                                                    max_tokens=40, temperature=0, stream=True,
-                                                    stream_options={"include_usage": True})
+            stream = client.chat.completions.create(
+                model=MODEL_NAME,
+                messages=[{"role": "user", "content": PROMPT}],
+                max_tokens=40,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
         usage, spec = None, None
         for chunk in stream:
             if chunk.usage is not None:
@@ -94,14 +111,16 @@ def _send_requests(base: str) -> list[dict]:
                 spec = (chunk.model_extra or {}).get("metrics")
         results.append({"tokens": usage, "spec": spec})
     # served without drafts: min_p (vLLM's speculative path cannot apply it) and max_tokens 1
-    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0.8,
-                                  extra_body={"min_p": 0.1})
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0.8, extra_body={"min_p": 0.1}
+    )
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "min_p"})
     r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, temperature=0)
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "no_room"})
     # and one that asks for no drafts (a per-request setting, vllm_xargs)
-    r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0,
-                                  extra_body={"vllm_xargs": {"lookahead": "off"}})
+    r = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"vllm_xargs": {"lookahead": "off"}}
+    )
     results.append({"tokens": r.usage.completion_tokens, "spec": None, "undrafted": "request"})
     return results
 
@@ -163,7 +182,9 @@ def test_counters_agree_with_tokens_received(traffic):
     assert drafts <= draft_tokens < nodes
     assert d("vllm:lookahead_draft_tokens_per_step_count") == drafts
     # accepted tokens by source add up to vLLM's accepted tokens
-    by_source = {s: d("vllm:lookahead_accepted_tokens_total", source=s) for s in ("prompt", "output", "shared", "window")}
+    by_source = {
+        s: d("vllm:lookahead_accepted_tokens_total", source=s) for s in ("prompt", "output", "shared", "window")
+    }
     assert sum(by_source.values()) == accepted, by_source
     # per-position: position 0 accepted at most once per draft, positions sum to accepted
     per_pos = d("vllm:spec_decode_num_accepted_tokens_per_pos_total")
@@ -178,15 +199,16 @@ def test_undrafted_requests_counted_by_reason(traffic):
     for reason in ("min_p", "no_room", "request"):
         expected = sum(1 for r in results if r.get("undrafted") == reason)
         assert delta(before, after, "vllm:lookahead_undrafted_requests_total", reason=reason) == expected, reason
-    assert "model_name=\"toy\"" in next(s for s in after if s.startswith("vllm:lookahead_undrafted_requests_total"))
+    assert 'model_name="toy"' in next(s for s in after if s.startswith("vllm:lookahead_undrafted_requests_total"))
 
 
 def test_every_api_server_refuses_a_bad_lookahead_setting(server):
     """The input processor of each API server process validates per-request settings (vLLM loads
     the plugin in each): a bad value is a 400 naming the key, on fresh connections to either."""
     base, proc, _ = server
-    body = json.dumps({"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8,
-                       "vllm_xargs": {"lookahead_max_lead_tokens": -3}}).encode()
+    body = json.dumps(
+        {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 8, "vllm_xargs": {"lookahead_max_lead_tokens": -3}}
+    ).encode()
     for _ in range(6):
         req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as info:
@@ -198,9 +220,11 @@ def test_every_api_server_refuses_a_bad_lookahead_setting(server):
 
 def _state_gauges(base: str) -> dict[str, float]:
     metrics = scrape(base)
-    return {"worker": total(metrics, "vllm:lookahead_request_states", holder="worker"),
-            "scheduler": total(metrics, "vllm:lookahead_request_states", holder="scheduler"),
-            "pool_ngrams": total(metrics, "vllm:lookahead_pool_ngrams")}
+    return {
+        "worker": total(metrics, "vllm:lookahead_request_states", holder="worker"),
+        "scheduler": total(metrics, "vllm:lookahead_request_states", holder="scheduler"),
+        "pool_ngrams": total(metrics, "vllm:lookahead_pool_ngrams"),
+    }
 
 
 def test_an_idle_server_holds_no_request_state(server, traffic):
@@ -242,9 +266,14 @@ def _start_prometheus(base: str, workdir: Path):
     log = workdir / "prometheus.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     _wait_http(url + "/-/ready", proc, 60, log)
@@ -308,10 +337,20 @@ def test_dashboard_keeps_vllm_spec_decode_panels():
     variables = {v["name"] for v in board["templating"]["list"]}
     assert {"datasource", "job", "model_name", "instance", "engine"} <= variables
     exprs = " ".join(e for _, e in dashboard_queries())
-    for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
-                 "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                 "vllm:lookahead_accepted_tokens_total", "vllm:lookahead_undrafted_requests_total",
-                 "vllm:lookahead_tokens_per_forward", "vllm:lookahead_draft_tokens_per_step",
-                 "vllm:lookahead_candidates_per_step", "vllm:lookahead_window_steps_total",
-                 "vllm:lookahead_pool_ngrams", "vllm:lookahead_request_states", "vllm:lookahead_propose_seconds", "vllm:lookahead_verify_seconds"):
+    for name in (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "vllm:lookahead_accepted_tokens_total",
+        "vllm:lookahead_undrafted_requests_total",
+        "vllm:lookahead_tokens_per_forward",
+        "vllm:lookahead_draft_tokens_per_step",
+        "vllm:lookahead_candidates_per_step",
+        "vllm:lookahead_window_steps_total",
+        "vllm:lookahead_pool_ngrams",
+        "vllm:lookahead_request_states",
+        "vllm:lookahead_propose_seconds",
+        "vllm:lookahead_verify_seconds",
+    ):
         assert name in exprs, name

@@ -1,7 +1,7 @@
-"""Per-request lookahead settings (``SamplingParams.extra_args``, engine/request_overrides.py) in a
+"""Per-request lookahead settings (``SamplingParams.extra_args``, engine/propose/request_overrides.py) in a
 running engine: requests turned off or shrunk beside default ones -- greedy, seeded and unseeded
 sampled -- return vLLM's tokens without speculation; a bad value is a ValueError naming the key,
-raised before the request reaches the engine, which serves on; the README's Python example runs.
+raised before the request reaches the engine, which serves on.
 
 The (sharp) toy engine with full trees that test_toy_sampling_features.py shares (``engines``);
 per-request draft counts and the HTTP 400 are checked at the OpenAI server (test_bad_requests.py).
@@ -10,8 +10,7 @@ per-request draft counts and the HTTP 400 are checked at the OpenAI server (test
 from __future__ import annotations
 
 import pytest
-
-from harness import TOY_TREE, compare, counter_delta, readme_python_block
+from harness import TOY_TREE, compare, counter_delta
 from test_toy_sampling_features import MIXED, _prompts
 
 pytestmark = pytest.mark.engine
@@ -25,9 +24,9 @@ GREEDY = (
     {"lookahead": "off"},
     {"lookahead_window_size": 0},
     {"lookahead_max_lead_tokens": 0, "lookahead_guess_set_size": 1},
-    {"lookahead": "on", "lookahead_pool_from_prompt": False, "lookahead_shared_pool": False},
+    {"lookahead": "on", "lookahead_guess_set_size": 2},
     {"lookahead": "off", "lookahead_window_size": 1},
-    {"lookahead_window_shift": "accepted", "lookahead_merge_candidates": False, "lookahead_seed": 7},
+    {"lookahead_window_size": 2, "lookahead_max_lead_tokens": 4},
     None,
 )
 # beside MIXED's sampling parameters (test_toy_sampling_features.py): seeded requests 1, 4, 6 and 7
@@ -40,7 +39,7 @@ SAMPLED = (
     {"lookahead_window_size": 1, "lookahead_guess_set_size": 1},  # seed 13, logprobs
     {"lookahead_window_size": 0},  # greedy with a presence penalty
     {"lookahead_window_size": 0, "lookahead_max_lead_tokens": 0},  # seed 14, min_tokens
-    {"lookahead_pool_from_prompt": False, "lookahead_pool_from_output": False},  # seed 15, bad words
+    {"lookahead_guess_set_size": 0},  # seed 15, bad words
 )
 
 
@@ -90,31 +89,34 @@ def test_seeded_sampled_requests_with_settings_return_vllms_tokens(sharp_toy_mod
     assert seeded == 5
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ({"lookahead_max_lead_tokens": -3}, "max_lead_tokens must be an integer in [0, 256]"),
-    ({"lookahead_window_size": 4}, "above this engine's window_size 3"),
-    ({"lookahead_ngram_size": 3}, "ngram_size is set for the whole engine"),
-    ({"lookahead_windowsize": 1}, "unknown lookahead key 'lookahead_windowsize'"),
-    ({"lookahead": "sometimes"}, "'lookahead' = 'sometimes' is invalid"),
-], ids=["range", "above-the-engine", "per-engine", "unknown", "switch"])
-def test_a_bad_setting_is_a_value_error_naming_the_key_and_the_engine_serves_on(sharp_toy_model, engines, extra, needle):
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"lookahead_max_lead_tokens": -3}, "max_lead_tokens must be an integer in [0, 256]"),
+        ({"lookahead_window_size": 4}, "above this engine's window_size 3"),
+        ({"lookahead_ngram_size": 3}, "ngram_size is set for the whole engine"),
+        ({"lookahead_windowsize": 1}, "unknown lookahead key 'lookahead_windowsize'"),
+        ({"lookahead": "sometimes"}, "'lookahead' = 'sometimes' is invalid"),
+    ],
+    ids=["range", "above-the-engine", "per-engine", "unknown", "switch"],
+)
+def test_a_bad_setting_is_a_value_error_naming_the_key_and_the_engine_serves_on(
+    sharp_toy_model, engines, extra, needle
+):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     engine = engines.get(sharp_toy_model, TREE)
     prompt = TokensPrompt(prompt_token_ids=_prompts(sharp_toy_model)[0])
-    params = [SamplingParams(temperature=0, max_tokens=4), SamplingParams(temperature=0, max_tokens=4, extra_args=extra)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=4),
+        SamplingParams(temperature=0, max_tokens=4, extra_args=extra),
+    ]
     with pytest.raises(ValueError) as info:
         engine.llm.generate([prompt, prompt], params, use_tqdm=False)
     assert needle in str(info.value)
     assert engine.llm.llm_engine.get_num_unfinished_requests() == 0  # the call's first request was aborted
-    (out,) = engine.llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8, extra_args={"lookahead": "on"}),
-                                 use_tqdm=False)
+    (out,) = engine.llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=8, extra_args={"lookahead": "on"}), use_tqdm=False
+    )
     assert len(out.outputs[0].token_ids) == 8
-
-
-def test_the_readme_python_example_runs(sharp_toy_model, engines, capsys):
-    engine = engines.get(sharp_toy_model, TREE)
-    exec(readme_python_block("# Per-request settings in Python"), {"llm": engine.llm})
-    printed = capsys.readouterr().out.strip()
-    assert printed.startswith("[") and printed.endswith("]"), printed

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness import readme_python_block
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]

@@ -7,7 +7,7 @@ differing token must sit on a numerical tie of the no-speculation run (top-two l
 fp32 rounding); the gap is printed for each.
 
 Seeded sampling: verification draws, per emitted token, the noise vLLM's sampler draws for
-that position from the request's generator (engine/sampler_noise.py), so a seeded request's
+that position from the request's generator (engine/step/sampler_noise.py), so a seeded request's
 tokens are vLLM's own: at T 0.5 / 0.8 / 1.0 with top-k, top-p and penalties, the same tokens
 with and without lookahead, drafts accepted; the same seed twice in one batch and in
 batches of other sizes gives the same tokens.
@@ -16,7 +16,6 @@ batches of other sizes gives the same tokens.
 from __future__ import annotations
 
 import pytest
-
 from harness import REAL_TREE, compare, counter_delta, mean_accepted_tokens, real_prompt, specbench_questions
 
 pytestmark = [pytest.mark.engine, pytest.mark.real_model]
@@ -36,7 +35,9 @@ def real_prompts(model: str) -> list[list[int]]:
         questions += rows[:: max(1, len(rows) // 8)][:8]
     prompts = []
     for q in questions:
-        ids = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, tokenize=True
+        )
         prompts.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
     assert len(prompts) == 32
     return prompts
@@ -67,12 +68,18 @@ def test_real_model_greedy_identical(real_model, baselines, engines):
     assert mat1 > 1.1 and mat8 > 1.1
 
 
-SEEDED = tuple({**params, "seed": 100 + i} for i, params in enumerate([
-    {"temperature": 0.5},
-    {"temperature": 0.8, "top_k": 20},
-    {"temperature": 1.0, "top_p": 0.9},
-    {"temperature": 0.8, "repetition_penalty": 1.1, "presence_penalty": 0.3},
-] * 2))
+SEEDED = tuple(
+    {**params, "seed": 100 + i}
+    for i, params in enumerate(
+        [
+            {"temperature": 0.5},
+            {"temperature": 0.8, "top_k": 20},
+            {"temperature": 1.0, "top_p": 0.9},
+            {"temperature": 0.8, "repetition_penalty": 1.1, "presence_penalty": 0.3},
+        ]
+        * 2
+    )
+)
 TOKENS_SEEDED = 48
 
 
@@ -83,15 +90,22 @@ def test_real_model_seeded_sampling_identical(real_model, baselines, engines):
     before = engine.metrics()
     got = engine.generate(prompts, TOKENS_SEEDED, batch=8, per_prompt=SEEDED)
     mat = mean_accepted_tokens(counter_delta(before, engine.metrics()))
-    differ = [f"prompt {i} {SEEDED[i]}: first difference at token "
-              f"{next(j for j, (x, y) in enumerate(zip(b.tokens, g.tokens)) if x != y)}"
-              for i, (b, g) in enumerate(zip(base, got)) if b.tokens != g.tokens]
+    differ = [
+        f"prompt {i} {SEEDED[i]}: first difference at token "
+        f"{next(j for j, (x, y) in enumerate(zip(b.tokens, g.tokens)) if x != y)}"
+        for i, (b, g) in enumerate(zip(base, got))
+        if b.tokens != g.tokens
+    ]
     print(f"seeded: MAT {mat:.3f}; " + ("; ".join(differ) or f"all {len(prompts)} completions identical"))
     assert not differ, differ
     assert mat > 1.1, f"no drafts accepted (MAT {mat:.3f}): the test would prove nothing"
     # The same seed twice in one batch, and in a batch of one: the same tokens again.
-    twice = engine.generate([prompts[0], prompts[0], prompts[1], prompts[1]], TOKENS_SEEDED, batch=4,
-                            per_prompt=(SEEDED[0], SEEDED[0], SEEDED[1], SEEDED[1]))
+    twice = engine.generate(
+        [prompts[0], prompts[0], prompts[1], prompts[1]],
+        TOKENS_SEEDED,
+        batch=4,
+        per_prompt=(SEEDED[0], SEEDED[0], SEEDED[1], SEEDED[1]),
+    )
     alone = engine.generate(prompts[:2], TOKENS_SEEDED, batch=1, per_prompt=SEEDED[:2])
     assert [c.tokens for c in twice] == [got[0].tokens, got[0].tokens, got[1].tokens, got[1].tokens]
     assert [c.tokens for c in alone] == [got[0].tokens, got[1].tokens]

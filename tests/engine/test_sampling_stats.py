@@ -6,7 +6,7 @@ CI time), each request with its own
 seed: one lead chain per request (drafted every step) and branching trees (several candidates,
 merged where they share a first token, plus the Jacobi window).  The first ``TOKENS``
 tokens are compared -- each position and each pair of consecutive tokens -- with chi-square
-tests, Bonferroni-corrected (vllm_lookahead/testing/stats.py):
+tests, Bonferroni-corrected (tests/support/stats.py):
 
 * toy model (the sharp variant, so drafts are accepted at temperature 1 too): against the
   same engine settings without speculation, two-sample tests, at four settings;
@@ -27,9 +27,9 @@ import time
 from collections import Counter
 
 import pytest
-
 from harness import REAL_TREE, TOY_TREE, Engine, counter_delta, mean_accepted_tokens, real_prompt
-from vllm_lookahead.testing.stats import compare_samples, compare_to_exact
+
+from support.stats import compare_samples, compare_to_exact
 
 pytestmark = pytest.mark.engine
 
@@ -52,8 +52,12 @@ TOY_SETTINGS = ("T=0.7", "T=1.0", "T=1.0 top-p 0.9", "T=0.7 top-k 5")
 # 8 requests in flight; this test is about the sampling rule over chains, so it must draft).
 CHAIN = {"method": "lookahead", "window_size": 0, "guess_set_size": 1, "max_tokens_per_step": 0}
 # SmolLM2 (CI time): each of the four settings once, each configuration at two of them
-REAL = [("chain", CHAIN, "T=0.7"), ("chain", CHAIN, "T=1.0 top-p 0.9"),
-        ("tree", REAL_TREE, "T=1.0"), ("tree", REAL_TREE, "T=0.7 top-k 5")]
+REAL = [
+    ("chain", CHAIN, "T=0.7"),
+    ("chain", CHAIN, "T=1.0 top-p 0.9"),
+    ("tree", REAL_TREE, "T=1.0"),
+    ("tree", REAL_TREE, "T=0.7 top-k 5"),
+]
 REAL_SETTINGS = dict(max_model_len=4096, max_num_seqs=64)  # = test_real_exactness.SETTINGS: one shared tree engine
 
 
@@ -63,8 +67,9 @@ def histograms(samples: list[tuple[int, ...]]) -> dict[str, Counter]:
     return hists
 
 
-def sample(engine: Engine, prompt: list[int], name: str, seed_base: int,
-           samples: int = SAMPLES) -> tuple[list[tuple[int, ...]], float]:
+def sample(
+    engine: Engine, prompt: list[int], name: str, seed_base: int, samples: int = SAMPLES
+) -> tuple[list[tuple[int, ...]], float]:
     """``samples`` continuations (each request its own seed), submitted a few batches at a time
     (thousands of queued requests slow every engine step down); and the run's MAT."""
     from vllm import SamplingParams
@@ -75,8 +80,10 @@ def sample(engine: Engine, prompt: list[int], name: str, seed_base: int,
     chunk = 4 * int(engine.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs)
     out: list[tuple[int, ...]] = []
     for start in range(0, samples, chunk):
-        sps = [SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=seed_base + i, **SETTINGS[name])
-               for i in range(start, min(samples, start + chunk))]
+        sps = [
+            SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=seed_base + i, **SETTINGS[name])
+            for i in range(start, min(samples, start + chunk))
+        ]
         results = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)] * len(sps), sps, use_tqdm=False)
         out += [tuple(r.outputs[0].token_ids) for r in results]
     mat = mean_accepted_tokens(counter_delta(before, engine.metrics()))
@@ -97,7 +104,7 @@ def check(comparisons: list[tuple[str, object, float]]) -> None:
 
 
 def test_toy_sampling_matches_vllm(sharp_toy_model, engines):
-    from vllm_lookahead.testing import cycle_prompt
+    from support import cycle_prompt
 
     # The toy model mostly walks its successor cycles; a prompt that walks one holds the
     # n-grams the sampled continuation most likely takes.  97 = 3 cached blocks + 1 token.
@@ -109,7 +116,9 @@ def test_toy_sampling_matches_vllm(sharp_toy_model, engines):
         engine = engines.get(sharp_toy_model, spec)
         for name in TOY_SETTINGS:
             got, mat = sample(engine, prompt, name, 10_000_000 * k)
-            comparisons.append((f"toy {mode} {name}", compare_samples(histograms(ref[name]), histograms(got), ALPHA), mat))
+            comparisons.append(
+                (f"toy {mode} {name}", compare_samples(histograms(ref[name]), histograms(got), ALPHA), mat)
+            )
     check(comparisons)
 
 
@@ -172,10 +181,16 @@ def exact_histograms(model: str, prompt: list[int], params: dict) -> tuple[dict[
 def observed_histograms(samples: list[tuple[int, ...]], enumerated: list[set]) -> dict[str, Counter]:
     """:func:`histograms`, with every sample whose prefix (up to the counted tokens) the exact
     reference did not enumerate counted as ``OTHER`` -- a category outside its support."""
-    hists = {f"token {i}": Counter(s[i] if s[: i + 1] in enumerated[i + 1] else OTHER for s in samples)
-             for i in range(TOKENS)}
-    hists.update({f"tokens {i},{i + 1}": Counter(s[i : i + 2] if s[: i + 2] in enumerated[i + 2] else OTHER
-                                                 for s in samples) for i in range(TOKENS - 1)})
+    hists = {
+        f"token {i}": Counter(s[i] if s[: i + 1] in enumerated[i + 1] else OTHER for s in samples)
+        for i in range(TOKENS)
+    }
+    hists.update(
+        {
+            f"tokens {i},{i + 1}": Counter(s[i : i + 2] if s[: i + 2] in enumerated[i + 2] else OTHER for s in samples)
+            for i in range(TOKENS - 1)
+        }
+    )
     return hists
 
 

@@ -24,17 +24,25 @@ pytestmark = pytest.mark.engine
         ('{"method": "lookahead", "ngram": 3}', [], "ngram"),
         # the default trees (84 tokens a step) cannot fit the step's token budget (max_model_len:
         # tests/unit/test_startup_gpu_settings.py)
-        ('{"method": "lookahead"}', ["--max-num-batched-tokens", "48"], "--max-num-batched-tokens is 48: raise it to >= 84"),
+        (
+            '{"method": "lookahead"}',
+            ["--max-num-batched-tokens", "48"],
+            "--max-num-batched-tokens is 48: raise it to >= 84",
+        ),
     ],
     ids=["range", "unknown-key", "over-max-num-batched-tokens"],
 )
 def test_bad_config_exits_nonzero_with_one_line(spec, args, needle, toy_model):
     proc = subprocess.run(
         [*CLI, "serve", toy_model, "--speculative-config", spec, "--port", str(_free_port()), *args],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if needle in line and not line.startswith("+ ")]  # not the echoed command
+    lines = [
+        line for line in proc.stderr.splitlines() if needle in line and not line.startswith("+ ")
+    ]  # not the echoed command
     assert len(lines) == 1 and "lookahead" in lines[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr.split(lines[0])[-1]
 
@@ -53,10 +61,12 @@ def test_serve_default_model_answers_chat_completion(real_model):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     proc = subprocess.Popen(
         [*CLI, "serve", "--port", str(port), "--enforce-eager", "--max-model-len", "2048"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     base = f"http://127.0.0.1:{port}"
-    log: list[str] = []
     try:
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -71,10 +81,14 @@ def test_serve_default_model_answers_chat_completion(real_model):
         else:
             pytest.fail("server did not come up in 600 s")
         name = models["data"][0]["id"]
-        body = json.dumps({
-            "model": name, "temperature": 0, "max_tokens": 48,
-            "messages": [{"role": "user", "content": "List the first five prime numbers."}],
-        }).encode()
+        body = json.dumps(
+            {
+                "model": name,
+                "temperature": 0,
+                "max_tokens": 48,
+                "messages": [{"role": "user", "content": "List the first five prime numbers."}],
+            }
+        ).encode()
         req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=300) as r:
             answer = json.load(r)
@@ -111,8 +125,18 @@ def test_serve_named_model_no_speculation_keeps_the_cpu_defaults(toy_model, tmp_
     finally:
         server.stop()
     log = server.log.read_text(errors="replace").splitlines()
-    (note,) = [line for line in log if line.startswith("vllm-lookahead serve:") and " allocator: " not in line]
-    assert note.startswith("vllm-lookahead serve: no speculative decoding; defaults added: --dtype float32")
+    (note,) = [
+        line
+        for line in log
+        if line.startswith("vllm-lookahead serve:") and " allocator: " not in line and " OpenMP " not in line
+    ]
+    assert note.startswith(
+        "vllm-lookahead serve: no speculative decoding, the plugin not loaded (patches nothing); "
+        "defaults added: --dtype float32"
+    )
+    assert "VLLM_PLUGINS=" in note
+    # vLLM lists the plugins it finds, then loads those VLLM_PLUGINS names: not this one
+    assert not [line for line in log if "vllm-lookahead: patched" in line or "Loading plugin lookahead" in line]
     assert any(line.startswith("vllm-lookahead serve: allocator: ") for line in log)  # and which malloc it runs on
     (command,) = [line for line in log if line.startswith("+ ")]
     assert "--speculative-config" not in command and "--no-speculation" not in command

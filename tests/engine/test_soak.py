@@ -42,10 +42,19 @@ pytestmark = pytest.mark.engine
 
 SOAK_SECONDS = float(os.environ.get("LOOKAHEAD_SOAK_SECONDS", "60"))
 IN_FLIGHT = 64
-RSS_GROWTH_BOUND = 1 << 30  # bytes over the last two thirds of a 60-125 s run; glibc: measured 290-460 MiB (docs/design.md)
+RSS_GROWTH_BOUND = (
+    1 << 30
+)  # bytes over the last two thirds of a 60-125 s run; glibc: measured 290-460 MiB (docs/design.md)
 KINDS = {  # kind -> weight
-    "greedy": 6, "greedy_stream": 3, "stop": 2, "n2": 1, "logprobs": 1, "prompt_logprobs": 1,
-    "long": 1, "sampled": 3, "abort": 2,
+    "greedy": 6,
+    "greedy_stream": 3,
+    "stop": 2,
+    "n2": 1,
+    "logprobs": 1,
+    "prompt_logprobs": 1,
+    "long": 1,
+    "sampled": 3,
+    "abort": 2,
 }
 GREEDY = {"greedy", "greedy_stream", "stop", "logprobs", "prompt_logprobs", "long"}
 NEVER_STREAMED = {"prompt_logprobs"}  # vLLM refuses prompt_logprobs with stream=True
@@ -61,8 +70,12 @@ def make_request(rng: random.Random, prompts: list[list[int]]) -> tuple[str, dic
     """(kind, OpenAI completion body) -- the body alone decides a greedy answer."""
     kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
     prompt = rng.choice(prompts)
-    body: dict = {"model": TOY_NAME, "prompt": prompt, "max_tokens": rng.choice([1, 2, 7, 24, 48, 96, 160]),
-                  "temperature": 0}
+    body: dict = {
+        "model": TOY_NAME,
+        "prompt": prompt,
+        "max_tokens": rng.choice([1, 2, 7, 24, 48, 96, 160]),
+        "temperature": 0,
+    }
     if kind == "stop":
         body["stop_token_ids"] = [rng.choice(prompt)]
         body["stop"] = [" the", "\n\n"]
@@ -93,11 +106,15 @@ async def _completion(client, base: str, body: dict, stream: bool) -> dict:
         r.raise_for_status()
         data = r.json()
         choices = sorted(data["choices"], key=lambda c: c["index"])
-        return {"texts": [c["text"] for c in choices], "tokens": data["usage"]["completion_tokens"],
-                "finish": [c["finish_reason"] for c in choices]}
+        return {
+            "texts": [c["text"] for c in choices],
+            "tokens": data["usage"]["completion_tokens"],
+            "finish": [c["finish_reason"] for c in choices],
+        }
     texts, finish, tokens = {}, {}, None
-    async with client.stream("POST", base + "/v1/completions",
-                             json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    async with client.stream(
+        "POST", base + "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -109,7 +126,11 @@ async def _completion(client, base: str, body: dict, stream: bool) -> dict:
                     finish[c["index"]] = c["finish_reason"]
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return {"texts": [texts[i] for i in sorted(texts)], "tokens": tokens, "finish": [finish.get(i) for i in sorted(texts)]}
+    return {
+        "texts": [texts[i] for i in sorted(texts)],
+        "tokens": tokens,
+        "finish": [finish.get(i) for i in sorted(texts)],
+    }
 
 
 async def _abort(client, base: str, body: dict, after_chunks: int) -> None:
@@ -147,8 +168,14 @@ async def _soak(servers: dict, prompts: list[list[int]], seconds: float) -> dict
     import httpx
 
     la, none = servers["lookahead"], servers["none"]
-    report = {"requests": {k: 0 for k in KINDS}, "errors": [], "health_failures": 0, "health_checks": 0,
-              "rss": [], "states": []}
+    report = {
+        "requests": {k: 0 for k in KINDS},
+        "errors": [],
+        "health_failures": 0,
+        "health_checks": 0,
+        "rss": [],
+        "states": [],
+    }
     greedy: dict[str, dict] = {}  # request body (JSON) -> the lookahead server's answer
     inconsistent = []  # the same greedy body answered differently by the lookahead server
     stop = asyncio.Event()
@@ -163,7 +190,12 @@ async def _soak(servers: dict, prompts: list[list[int]], seconds: float) -> dict
                     if kind == "abort":
                         await _abort(client, la.base, body, rng.randint(1, 6))
                     else:
-                        got = await _completion(client, la.base, body, stream=kind == "greedy_stream" or (kind not in NEVER_STREAMED and rng.random() < 0.2))
+                        got = await _completion(
+                            client,
+                            la.base,
+                            body,
+                            stream=kind == "greedy_stream" or (kind not in NEVER_STREAMED and rng.random() < 0.2),
+                        )
                         if kind in GREEDY:
                             key = json.dumps(body, sort_keys=True)
                             if key in greedy and greedy[key] != got:
@@ -171,7 +203,9 @@ async def _soak(servers: dict, prompts: list[list[int]], seconds: float) -> dict
                             greedy.setdefault(key, got)
                         else:
                             n_choices = body.get("n", 1)
-                            assert len(got["texts"]) == n_choices and got["tokens"] <= body["max_tokens"] * n_choices, got
+                            assert len(got["texts"]) == n_choices and got["tokens"] <= body["max_tokens"] * n_choices, (
+                                got
+                            )
                     report["requests"][kind] += 1
                 except Exception as exc:  # noqa: BLE001 -- every failure is reported, the test fails on any
                     detail = ""
@@ -211,8 +245,14 @@ async def _soak(servers: dict, prompts: list[list[int]], seconds: float) -> dict
                 want = await _completion(client, none.base, body, stream=False)
                 got = greedy[json.dumps(body, sort_keys=True)]
                 if want != got:
-                    mismatches.append({"request": {k: v for k, v in body.items() if k != "prompt"},
-                                       "prompt_tokens": len(body["prompt"]), "lookahead": got, "none": want})
+                    mismatches.append(
+                        {
+                            "request": {k: v for k, v in body.items() if k != "prompt"},
+                            "prompt_tokens": len(body["prompt"]),
+                            "lookahead": got,
+                            "none": want,
+                        }
+                    )
 
         replay_start = time.time()
         await asyncio.gather(*(replay(b) for b in bodies))
@@ -245,16 +285,25 @@ def test_soak_64_in_flight_exact_healthy_and_bounded(toy_servers, toy_model, rec
     states = report.pop("states")
     per_request_pool = max((s["pool"] / s["worker"] for s in states if s["worker"] > 0), default=0)
     summary = {
-        "seconds": round(report["soak_seconds"]), "in_flight": IN_FLIGHT,
-        "requests": report["requests"], "total": sum(report["requests"].values()),
-        "aborts": report["requests"]["abort"], "greedy_unique": report["greedy_unique"],
-        "mismatches": len(report["mismatches"]), "inconsistent": len(report["inconsistent"]),
-        "errors": len(report["errors"]), "health_checks": report["health_checks"],
+        "seconds": round(report["soak_seconds"]),
+        "in_flight": IN_FLIGHT,
+        "requests": report["requests"],
+        "total": sum(report["requests"].values()),
+        "aborts": report["requests"]["abort"],
+        "greedy_unique": report["greedy_unique"],
+        "mismatches": len(report["mismatches"]),
+        "inconsistent": len(report["inconsistent"]),
+        "errors": len(report["errors"]),
+        "health_checks": report["health_checks"],
         "health_failures": report["health_failures"],
-        "peak_rss_mib": round(max(r for _, r in rss) / 2**20), "rss_growth_mib": round((max(late) - base_rss) / 2**20, 1),
-        "peak_running": max(s["running"] for s in states), "peak_worker_states": max(s["worker"] for s in states),
-        "peak_pool_ngrams": max(s["pool"] for s in states), "peak_pool_per_request": round(per_request_pool),
-        "after_probe": report["after_probe"], "replay_seconds": round(report["replay_seconds"]),
+        "peak_rss_mib": round(max(r for _, r in rss) / 2**20),
+        "rss_growth_mib": round((max(late) - base_rss) / 2**20, 1),
+        "peak_running": max(s["running"] for s in states),
+        "peak_worker_states": max(s["worker"] for s in states),
+        "peak_pool_ngrams": max(s["pool"] for s in states),
+        "peak_pool_per_request": round(per_request_pool),
+        "after_probe": report["after_probe"],
+        "replay_seconds": round(report["replay_seconds"]),
         "allocator": toy_servers["lookahead"].allocator(),
     }
     print("\nsoak:", json.dumps(summary))

@@ -5,7 +5,7 @@ import contextlib
 import pytest
 
 from vllm_lookahead.config import LookaheadConfigError
-from vllm_lookahead.engine.startup import PROPOSER_PATH, LookaheadStartupError
+from vllm_lookahead.engine.hooks.startup import PROPOSER_PATH, LookaheadStartupError
 
 
 def test_async_engine_args_accept_lookahead(toy_model):
@@ -70,7 +70,7 @@ def test_model_runner_v2_is_refused_at_start_up(toy_model, monkeypatch, force):
 
     On this CPU vLLM itself refuses V2 earlier ("Model Runner V2 requires Triton"), so the
     switch is set on a finished config and vLLM's property is evaluated on it."""
-    from vllm_lookahead.engine import startup
+    from vllm_lookahead.engine.hooks import startup
 
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     config = _lookahead_engine_config(toy_model)

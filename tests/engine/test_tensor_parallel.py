@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harness import Engine, compare, specbench_questions
 
 pytestmark = pytest.mark.engine
@@ -29,8 +28,8 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def tp_model() -> str:
+    from support.toy_model import build_toy_llama
     from vllm_lookahead.models import cache_root
-    from vllm_lookahead.testing.toy_model import build_toy_llama
 
     return str(build_toy_llama(Path(cache_root()) / "toy-llama-4h", num_heads=4, num_kv_heads=2))
 
@@ -38,7 +37,7 @@ def tp_model() -> str:
 def test_tensor_parallel_2_is_exact_and_ranks_draft_alike(tp_model, monkeypatch):
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.engine.step_context import rank_drafts
+    from vllm_lookahead.engine.hooks.step_context import rank_drafts
 
     tokenizer = AutoTokenizer.from_pretrained(tp_model)
     prompts = [tokenizer.encode(q["turns"][0])[: 12 + 8 * i] for i, q in enumerate(specbench_questions(limit=8))]
@@ -57,8 +56,14 @@ def test_tensor_parallel_2_is_exact_and_ranks_draft_alike(tp_model, monkeypatch)
         # sampled requests, unseeded and seeded: each rank verifies with its own random draws,
         # which must agree (vLLM seeds every rank alike), or the ranks' trees would part
         engine.generate(prompts, MAX_TOKENS, batch=4, temperature=0.8)
-        engine.generate(prompts, MAX_TOKENS, batch=4, per_prompt=tuple({"seed": 7 + i} for i in range(4)),
-                        temperature=1.0, top_p=0.9)
+        engine.generate(
+            prompts,
+            MAX_TOKENS,
+            batch=4,
+            per_prompt=tuple({"seed": 7 + i} for i in range(4)),
+            temperature=1.0,
+            top_p=0.9,
+        )
         ranks = engine.llm.collective_rpc(rank_drafts)
     finally:
         engine.close()

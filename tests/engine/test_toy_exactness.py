@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from harness import TOY_TREE, compare, counter_delta, mean_accepted_tokens, specbench_questions
 
 pytestmark = pytest.mark.engine
@@ -31,12 +30,14 @@ def stop_cases(prompts_base) -> dict[str, dict]:
         "stop_string": dict(max_tokens=MAX_TOKENS, stop=[_decode(prompts_base[3].tokens[18:20])]),
         # served undrafted (vLLM refuses them with speculation)
         "logit_bias": dict(max_tokens=24, logit_bias={stop_token: 5.0}),
-        # drafted: what changes vLLM's sampled token is replayed per tree node (engine/target_dist.py)
+        # drafted: what changes vLLM's sampled token is replayed per tree node (engine/step/target_dist.py)
         "min_p": dict(max_tokens=24, min_p=0.5),  # vLLM resets min_p for greedy requests
         "repetition_penalty": dict(max_tokens=MAX_TOKENS, repetition_penalty=1.3),
         "presence_frequency": dict(max_tokens=MAX_TOKENS, presence_penalty=0.8, frequency_penalty=0.4),
-        "bad_words": dict(max_tokens=MAX_TOKENS, bad_words=[_decode(prompts_base[1].tokens[10:12]),
-                                                             _decode(prompts_base[4].tokens[8:9])]),
+        "bad_words": dict(
+            max_tokens=MAX_TOKENS,
+            bad_words=[_decode(prompts_base[1].tokens[10:12]), _decode(prompts_base[4].tokens[8:9])],
+        ),
         "allowed_token_ids": dict(max_tokens=32, allowed_token_ids=seen[::2]),
         "min_tokens": dict(max_tokens=MAX_TOKENS, min_tokens=30, stop_token_ids=[stop_token]),
         "logprobs": dict(max_tokens=MAX_TOKENS, logprobs=3),
@@ -46,8 +47,16 @@ def stop_cases(prompts_base) -> dict[str, dict]:
     }
 
 
-DRAFTED = ("repetition_penalty", "presence_frequency", "bad_words", "allowed_token_ids", "min_tokens", "logprobs",
-           "logprobs=-1", "structured_mixed")
+DRAFTED = (
+    "repetition_penalty",
+    "presence_frequency",
+    "bad_words",
+    "allowed_token_ids",
+    "min_tokens",
+    "logprobs",
+    "logprobs=-1",
+    "structured_mixed",
+)
 CHOICES = ("alpha beta gamma", "one two three four five")
 
 
@@ -83,10 +92,25 @@ CONFIGS = [
     pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7, **FULL}, id="W7-N5-G7-default"),
     pytest.param({"window_size": 5, "ngram_size": 2, "guess_set_size": 3, **FULL}, id="W5-N2-G3-jacobi"),
     pytest.param({"window_size": 4, "ngram_size": 4, "guess_set_size": 0, **FULL}, id="W4-N4-G0-no-pool"),
-    pytest.param({"window_size": 1, "ngram_size": 3, "guess_set_size": 4, "max_lead_tokens": 0, **FULL}, id="W1-N3-G4-lead-paper"),
-    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 5, "window_shift": "accepted", "merge_candidates": False, **FULL}, id="W3-N4-G5-shift-nomerge"),
+    pytest.param(
+        {"window_size": 1, "ngram_size": 3, "guess_set_size": 4, "max_lead_tokens": 0, **FULL}, id="W1-N3-G4-lead-paper"
+    ),
+    pytest.param(
+        {
+            "window_size": 3,
+            "ngram_size": 4,
+            "guess_set_size": 5,
+            "window_shift": "accepted",
+            "merge_candidates": False,
+            **FULL,
+        },
+        id="W3-N4-G5-shift-nomerge",
+    ),
     pytest.param({"window_size": 0, "ngram_size": 4, "guess_set_size": 5, **FULL}, id="W0-N4-G5-no-window"),
-    pytest.param({"window_size": 3, "ngram_size": 4, "guess_set_size": 3, "lookup_context": 3, "max_tokens_per_step": 14}, id="W3-N4-G3-ctx3-capped"),
+    pytest.param(
+        {"window_size": 3, "ngram_size": 4, "guess_set_size": 3, "lookup_context": 3, "max_tokens_per_step": 14},
+        id="W3-N4-G3-ctx3-capped",
+    ),
     # The shipped default: the cost rule sizes every step from the toy model's profiled forward
     # cost (nearly flat: it drafts leads, candidates and window columns, chains and trees).
     pytest.param({"window_size": 7, "ngram_size": 5, "guess_set_size": 7}, id="W7-N5-G7-auto-rule"),
@@ -197,13 +221,16 @@ def test_toy_stops_limits_and_fallback_requests(toy_model, baselines, engines):
         if name.startswith("logprobs"):
             for w, g in zip(want, got):
                 n = min(len(w.logprobs), len(g.logprobs))
-                assert n and all(abs(a - b) <= 1e-4 for a, b in zip(w.logprobs[:n], g.logprobs[:n])), (w.logprobs, g.logprobs)
+                assert n and all(abs(a - b) <= 1e-4 for a, b in zip(w.logprobs[:n], g.logprobs[:n])), (
+                    w.logprobs,
+                    g.logprobs,
+                )
     assert not failures, "\n".join(failures)
 
 
 def test_seeded_requests_with_chunked_prefill_keep_the_engine_alive(toy_model, baselines, engines):
     """vLLM 0.32 on CPU kills its engine when a seeded request's prompt is prefilled in chunks (it
-    rewinds the request's generator by a CUDA-only offset; engine/seeded_prefill.py): with the plugin
+    rewinds the request's generator by a CUDA-only offset; engine/hooks/seeded_prefill.py): with the plugin
     loaded, such requests are served with and without speculation -- with lookahead, whose drafts
     make chunked prefills frequent, the same tokens as without -- and the engine stays exact for
     the next ones."""

@@ -4,13 +4,11 @@ rules swapped into an in-process engine."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
 from harness import THINK_END, THINK_START, TOY_TREE, Engine, compare, counter_delta
-from vllm_lookahead.testing.stats import compare_samples
-from vllm_lookahead.testing.wrong_rules import WRONG_RULES
+
+from support.stats import compare_samples
+from support.wrong_rules import WRONG_RULES
 
 pytestmark = pytest.mark.engine
 
@@ -20,7 +18,7 @@ TREE = TOY_TREE  # the engine the exactness and statistics tests share
 def _prompts(model: str) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.testing import DEFAULT_PROMPTS
+    from support import DEFAULT_PROMPTS
 
     tok = AutoTokenizer.from_pretrained(model)
     return [tok.encode(t * 3) for t in DEFAULT_PROMPTS[:8]]
@@ -67,8 +65,11 @@ def _n_samples(engine: Engine, prompt: list[int]) -> list[list[list[int]]]:
 
     runs = []
     for _ in range(2):
-        (res,) = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)],
-                                     SamplingParams(n=3, temperature=0.9, seed=5, max_tokens=24), use_tqdm=False)
+        (res,) = engine.llm.generate(
+            [TokensPrompt(prompt_token_ids=prompt)],
+            SamplingParams(n=3, temperature=0.9, seed=5, max_tokens=24),
+            use_tqdm=False,
+        )
         runs.append(sorted(list(o.token_ids) for o in res.outputs))
     return runs
 
@@ -83,8 +84,9 @@ def test_sampled_logprobs_and_structured_output(sharp_toy_model, engines):
     engine = engines.get(sharp_toy_model, TREE)
     before = engine.metrics()
     sampled = engine.generate(prompts, 32, batch=4, temperature=0.9, top_k=20, seed=3, logprobs=1)
-    structured = engine.generate(prompts * 4, 24, batch=16, temperature=1.0,
-                                 structured_outputs=StructuredOutputsParams(choice=choices))
+    structured = engine.generate(
+        prompts * 4, 24, batch=16, temperature=1.0, structured_outputs=StructuredOutputsParams(choice=choices)
+    )
     drafted = counter_delta(before, engine.metrics()).get("vllm:spec_decode_num_drafts", 0)
     tok = engine.tokenizer()
     assert drafted > 0
@@ -93,10 +95,11 @@ def test_sampled_logprobs_and_structured_output(sharp_toy_model, engines):
     texts = [(tok.decode(c.tokens, skip_special_tokens=True), len(c.tokens) < 24) for c in structured]
     bad = [t for t, done in texts if not (t in choices if done else any(ch.startswith(t) for ch in choices))]
     assert not bad and sum(done for _, done in texts) >= len(texts) // 2, (bad, texts)
-    scored = engines.get(sharp_toy_model, None).generate([p + c.tokens for p, c in zip(prompts, sampled)], 1, batch=4,
-                                                    prompt_logprobs=0)
+    scored = engines.get(sharp_toy_model, None).generate(
+        [p + c.tokens for p, c in zip(prompts, sampled)], 1, batch=4, prompt_logprobs=0
+    )
     for p, c, s in zip(prompts, sampled, scored):
-        expected = s.prompt_logprobs[len(p):]
+        expected = s.prompt_logprobs[len(p) :]
         assert len(expected) == len(c.logprobs) == len(c.tokens)
         assert max(abs(a - b) for a, b in zip(c.logprobs, expected)) < 1e-3, (c.logprobs, expected)
 
@@ -136,7 +139,7 @@ def test_a_fully_cached_prompt_is_not_padded_with_placeholder_drafts(sharp_toy_m
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_lookahead.testing import cycle_prompt
+    from support import cycle_prompt
 
     engine = engines.get(sharp_toy_model, TREE)
     prompt = cycle_prompt(sharp_toy_model, 65, start=300)  # 2 blocks of 32 + 1 token
@@ -154,9 +157,9 @@ def test_thinking_budget_drafts_and_forces_the_end_where_vllm_does(sharp_toy_mod
     where vLLM forces it without speculation: greedy outputs equal the no-speculation run's, and
     along every output (sampled ones too) each token vLLM's budget state machine would force is
     the token emitted there."""
-    from vllm_lookahead.testing.thinking import forced_tokens
-
     from transformers import AutoTokenizer
+
+    from support.thinking import forced_tokens
 
     tok = AutoTokenizer.from_pretrained(sharp_toy_model)
     start = tok.encode(THINK_START, add_special_tokens=False)  # as vLLM's ReasoningConfig does
@@ -206,7 +209,7 @@ def _branching_prompt(engine: Engine) -> list[int]:
     ``a`` and ``b``.  The prompt holds ``t0 t1 a`` and ``t0 t1 b``, so the first drafted
     step's tree (root ``t0``, candidates keyed by it, merged) is ``t1`` with two children
     that both carry real mass: exactly where the wrong rules differ from the right one."""
-    from vllm_lookahead.testing import DEFAULT_PROMPTS
+    from support import DEFAULT_PROMPTS
 
     tok = engine.tokenizer()
     seed = tok.encode(DEFAULT_PROMPTS[0])
@@ -221,8 +224,9 @@ def _top_logprobs(engine: Engine, prompt: list[int]) -> dict[int, float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    (res,) = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=1, logprobs=5),
-                                 use_tqdm=False)
+    (res,) = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=1, logprobs=5), use_tqdm=False
+    )
     return {t: lp.logprob for t, lp in res.outputs[0].logprobs[0].items()}
 
 
@@ -231,8 +235,10 @@ def _samples(engine: Engine, prompt: list[int], seed_base: int) -> list[list[int
     from vllm.inputs import TokensPrompt
 
     sps = [SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=seed_base + i, **SETTING) for i in range(SAMPLES)]
-    return [list(r.outputs[0].token_ids) for r in engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)] * SAMPLES,
-                                                                     sps, use_tqdm=False)]
+    return [
+        list(r.outputs[0].token_ids)
+        for r in engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)] * SAMPLES, sps, use_tqdm=False)
+    ]
 
 
 def _histograms(samples):
@@ -250,7 +256,7 @@ def test_wrong_acceptance_rules_fail_the_statistical_test(sharp_toy_model, engin
     rule fails.  Rules other than the coupled walk run where the sampler's noise is not mirrored."""
     from types import SimpleNamespace
 
-    import vllm_lookahead.engine.verify_step as verify_step
+    import vllm_lookahead.engine.step.verification as verify_step
 
     reference = engines.get(sharp_toy_model, None)
     prompt = _branching_prompt(reference)

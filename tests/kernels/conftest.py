@@ -12,7 +12,9 @@ import os
 import pytest
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    raise pytest.UsageError("tests/kernels runs under Triton's interpreter: TRITON_INTERPRET=1 python -m pytest tests/kernels")
+    raise pytest.UsageError(
+        "tests/kernels runs under Triton's interpreter: TRITON_INTERPRET=1 python -m pytest tests/kernels"
+    )
 
 
 def pytest_collection_modifyitems(items):

@@ -9,14 +9,13 @@ import zlib
 
 import pytest
 import torch
-
-from vllm_lookahead.engine import attention
-from vllm_lookahead.engine.kv import SPLIT_LAST_DIM, PagedKV
-from vllm_lookahead.engine.tree_batch import TreeBatch
-from vllm_lookahead.kernels import tree_attention as kernel
-from vllm_lookahead.testing.paged_kv import tree_step
-
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+from support.paged_kv import tree_step
+from vllm_lookahead.engine.step import attention
+from vllm_lookahead.engine.step.kv import SPLIT_LAST_DIM, PagedKV
+from vllm_lookahead.engine.step.tree_batch import TreeBatch
+from vllm_lookahead.kernels import tree_attention as kernel
 
 BS = 16
 
@@ -47,8 +46,12 @@ def test_fix_draft_rows_runs_the_kernel(monkeypatch, backend, layout):
 
 def test_a_kernel_that_disagrees_stops_the_first_tree_step(monkeypatch):
     monkeypatch.setenv("VLLM_LOOKAHEAD_TREE_KERNEL", "triton")
-    step = next(s for seed in range(20) if (s := tree_step(list(KVCacheLayout)[0], seed)) and
-                batch_of(s, PagedKV("FLASH_ATTN", s.caches, BS)).needs_tree_attention)
+    step = next(
+        s
+        for seed in range(20)
+        if (s := tree_step(list(KVCacheLayout)[0], seed))
+        and batch_of(s, PagedKV("FLASH_ATTN", s.caches, BS)).needs_tree_attention
+    )
 
     def wrong(plan, query, kv_cache, output, addressing, scale):
         output.zero_()
@@ -56,8 +59,9 @@ def test_a_kernel_that_disagrees_stops_the_first_tree_step(monkeypatch):
     monkeypatch.setattr(kernel, "tree_attention", wrong)
     batch = batch_of(step, PagedKV("FLASH_ATTN", step.caches, BS))
     with pytest.raises(RuntimeError, match="Triton tree-attention kernel differs"):
-        attention.fix_draft_rows(step.impl, step.query, step.step_keys, step.caches[step.layer], step.output.clone(),
-                                 batch)
+        attention.fix_draft_rows(
+            step.impl, step.query, step.step_keys, step.caches[step.layer], step.output.clone(), batch
+        )
 
 
 def test_torch_pass_when_asked(monkeypatch):
@@ -65,6 +69,12 @@ def test_torch_pass_when_asked(monkeypatch):
     monkeypatch.setattr(kernel, "tree_attention", lambda *a: pytest.fail("the kernel ran"))
     step = tree_step(list(KVCacheLayout)[2], 3)
     out = step.output.clone()
-    attention.fix_draft_rows(step.impl, step.query, step.step_keys, step.caches[step.layer], out,
-                             batch_of(step, PagedKV("FLASH_ATTN", step.caches, BS)))
+    attention.fix_draft_rows(
+        step.impl,
+        step.query,
+        step.step_keys,
+        step.caches[step.layer],
+        out,
+        batch_of(step, PagedKV("FLASH_ATTN", step.caches, BS)),
+    )
     torch.testing.assert_close(out.view(step.expected.shape), step.expected, rtol=1e-5, atol=1e-5)

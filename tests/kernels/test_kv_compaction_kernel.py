@@ -8,13 +8,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from vllm_lookahead.engine.kv import PagedKV, move_slots as torch_move_slots
+from support.paged_kv import cpu_attn_caches, vllm_layer_caches
+from vllm_lookahead.engine.step.kv import PagedKV
+from vllm_lookahead.engine.step.kv import move_slots as torch_move_slots
 from vllm_lookahead.kernels.kv_compaction import layer_offsets, move_slots
 from vllm_lookahead.kernels.tree_attention import CacheAddressing
-from vllm_lookahead.testing.paged_kv import cpu_attn_caches, vllm_layer_caches
-
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
 LAYERS, BLOCKS, BS, HKV, D = 3, 12, 8, 2, 16
 
@@ -39,8 +39,14 @@ def check(caches: list[torch.Tensor], backend: str, src: torch.Tensor, dst: torc
         c.copy_(torch.randn_like(c))
     expected = [c.clone() for c in caches]
     torch_move_slots(expected, backend, src, dst)
-    move_slots(caches[0], layer_offsets(caches), CacheAddressing.of(caches[0], backend == "CPU_ATTN"), src, dst,
-               block_moves=block_moves)
+    move_slots(
+        caches[0],
+        layer_offsets(caches),
+        CacheAddressing.of(caches[0], backend == "CPU_ATTN"),
+        src,
+        dst,
+        block_moves=block_moves,
+    )
     for got, want in zip(caches, expected):
         assert torch.equal(got, want)
 
@@ -88,5 +94,6 @@ def test_paged_kv_uses_the_kernel_when_asked(monkeypatch):
 @given(seed=st.integers(0, 2**31 - 1), requests=st.integers(1, 6), block_moves=st.sampled_from([1, 2, 4, 16]))
 def test_moves_in_any_chunking_property(seed, requests, block_moves):
     src, dst = accepted_path_moves(np.random.default_rng(seed), requests)
-    check(vllm_layer_caches(list(KVCacheLayout)[seed % 6], 2, BLOCKS * 4, BS, HKV, D), "FLASH_ATTN", src, dst,
-          block_moves)
+    check(
+        vllm_layer_caches(list(KVCacheLayout)[seed % 6], 2, BLOCKS * 4, BS, HKV, D), "FLASH_ATTN", src, dst, block_moves
+    )

@@ -17,7 +17,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402  (vLLM's layouts; the kernel imports no vLLM)
 
+from support.paged_kv import cpu_attn_caches, random_tree, vllm_layer_caches, window_tree, write_tokens
 from vllm_lookahead.kernels.tree_attention import (
     CacheAddressing,
     TreeAttentionPlan,
@@ -27,16 +29,26 @@ from vllm_lookahead.kernels.tree_attention import (
     tree_attention,
     tree_attention_tiles,
 )
-from vllm_lookahead.testing.paged_kv import cpu_attn_caches, random_tree, vllm_layer_caches, window_tree, write_tokens
-
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402  (vLLM's layouts; the kernel imports no vLLM)
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-def run_case(seed: int, trees: list, contexts: list[int], *, backend: str = "FLASH_ATTN", layout=None,
-             heads: int = 4, kv_heads: int = 2, head_size: int = 32, block_size: int = 16,
-             dtype: torch.dtype = torch.float32, every_row: bool = False, causal: bool = False, **plan_options):
+def run_case(
+    seed: int,
+    trees: list,
+    contexts: list[int],
+    *,
+    backend: str = "FLASH_ATTN",
+    layout=None,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_size: int = 32,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    every_row: bool = False,
+    causal: bool = False,
+    **plan_options,
+):
     """Lay out ``trees`` (one request each, after a plain row) over ``contexts``, run the kernel
     and return (max error, tolerance, plan)."""
     rng = np.random.default_rng(seed)
@@ -47,9 +59,12 @@ def run_case(seed: int, trees: list, contexts: list[int], *, backend: str = "FLA
     if backend == "CPU_ATTN":
         cache = cpu_attn_caches(1, blocks, block_size, kv_heads, head_size, dtype)[0]
     else:
-        cache = vllm_layer_caches(layout or list(KVCacheLayout)[0], 2, blocks, block_size, kv_heads, head_size, dtype)[1]
-    table = torch.from_numpy(rng.permutation(blocks)[: (len(trees) + 1) * max_blocks]
-                             .reshape(len(trees) + 1, max_blocks)).to(torch.int32)
+        cache = vllm_layer_caches(layout or list(KVCacheLayout)[0], 2, blocks, block_size, kv_heads, head_size, dtype)[
+            1
+        ]
+    table = torch.from_numpy(
+        rng.permutation(blocks)[: (len(trees) + 1) * max_blocks].reshape(len(trees) + 1, max_blocks)
+    ).to(torch.int32)
     spans, keys, values, row = [], [], [], 1  # row 0: a plain request's token
     for r, (tree, ctx) in enumerate(zip(trees, contexts), start=1):
         n = tree.size
@@ -67,8 +82,9 @@ def run_case(seed: int, trees: list, contexts: list[int], *, backend: str = "FLA
     query = qkv[:, : heads * head_size].view(row, heads, head_size)
     output = torch.full((row, heads, head_size + 8), 7.0, dtype=dtype)[..., :head_size]
     scale = 1 / math.sqrt(head_size)
-    plan = TreeAttentionPlan.build(spans, table, heads, kv_heads, head_size, causal=causal,
-                                   **{"cache_dtype": dtype, **plan_options})
+    plan = TreeAttentionPlan.build(
+        spans, table, heads, kv_heads, head_size, causal=causal, **{"cache_dtype": dtype, **plan_options}
+    )
     tree_attention(plan, query, cache, output, CacheAddressing.of(cache, backend == "CPU_ATTN"), scale)
     expected = dense_reference(query, keys, values, spans, scale, causal=causal)
     error, computed = 0.0, torch.zeros(row, dtype=torch.bool)
@@ -114,8 +130,15 @@ def test_grouped_query_heads(heads, kv_heads):
 @pytest.mark.parametrize("head_size", [64, 128, 256, 80])
 def test_dtypes_and_head_sizes(dtype, head_size):
     rng = _rng(f"{dtype}/{head_size}")
-    error, tol, _ = run_case(4, [window_tree(rng, 2, 3, 2, 2), random_tree(rng, 6)], [30, 3], heads=2, kv_heads=1,
-                             head_size=head_size, dtype=dtype)
+    error, tol, _ = run_case(
+        4,
+        [window_tree(rng, 2, 3, 2, 2), random_tree(rng, 6)],
+        [30, 3],
+        heads=2,
+        kv_heads=1,
+        head_size=head_size,
+        dtype=dtype,
+    )
     assert error < tol
 
 
@@ -123,8 +146,11 @@ def test_dtypes_and_head_sizes(dtype, head_size):
 def test_tree_shapes_every_row(shape):
     """Every row of the tree computed by the kernel (a chain is then causal attention)."""
     rng = _rng(shape)
-    make = {"chain": lambda: random_tree(rng, 9, chain=True), "branches": lambda: random_tree(rng, 14),
-            "window": lambda: window_tree(rng, 4, 5, 5, 4)}[shape]
+    make = {
+        "chain": lambda: random_tree(rng, 9, chain=True),
+        "branches": lambda: random_tree(rng, 14),
+        "window": lambda: window_tree(rng, 4, 5, 5, 4),
+    }[shape]
     error, tol, _ = run_case(5, [make(), make()], [11, 29], every_row=True)
     assert error < tol
 
@@ -171,17 +197,22 @@ def test_default_tiles_of_128_rows(dtype):
     trees = [window_tree(rng, 7, 4, 7, 4), random_tree(rng, 3)]  # 57 nodes x 4 heads per KV head
     error, tol, plan = run_case(11, trees, [40, 2], heads=8, kv_heads=2, dtype=dtype)
     wide = dtype == torch.bfloat16
-    assert (plan.block_m, plan.block_n, plan.num_warps, plan.tiles_per_head) == ((128, 128, 8, 2) if wide else (64, 64, 4, 4))
+    assert (plan.block_m, plan.block_n, plan.num_warps, plan.tiles_per_head) == (
+        (128, 128, 8, 2) if wide else (64, 64, 4, 4)
+    )
     assert error < tol
 
 
-@pytest.mark.parametrize("rows_m,heads,longest,expected", [
-    (480, 64, 8257, (256, 64, 3)),    # 64/8 heads, 8k context x 8 requests x 64 drafts: long key loops
-    (240, 256, 32833, (256, 64, 2)),  # 32/8, 32k x 32 x 64 drafts
-    (480, 8, 8257, (128, 128, 9)),    # one request: 256-row tiles would need 17 short splits
-    (240, 256, 577, (128, 128, 1)),   # 512 tokens of context: short key loops
-    (128, 64, 8257, (128, 128, 5)),   # 128 rows per KV head fit one 128-row tile
-])
+@pytest.mark.parametrize(
+    "rows_m,heads,longest,expected",
+    [
+        (480, 64, 8257, (256, 64, 3)),  # 64/8 heads, 8k context x 8 requests x 64 drafts: long key loops
+        (240, 256, 32833, (256, 64, 2)),  # 32/8, 32k x 32 x 64 drafts
+        (480, 8, 8257, (128, 128, 9)),  # one request: 256-row tiles would need 17 short splits
+        (240, 256, 577, (128, 128, 1)),  # 512 tokens of context: short key loops
+        (128, 64, 8257, (128, 128, 5)),  # 128 rows per KV head fit one 128-row tile
+    ],
+)
 def test_wide_tiles_where_key_loops_are_long(rows_m, heads, longest, expected):
     """256-row tiles only where that plan keeps at most 3 splits of at least 2048 keys (where
     the H100 measured them faster), on 132 SMs (264 programs); 16-bit caches and small trees."""
@@ -204,8 +235,9 @@ def test_tiles_of_256_rows():
     """256-row query tiles (the tile sweep's wide setting) over rows of two KV heads' groups."""
     rng = _rng("tiles256")
     trees = [window_tree(rng, 7, 4, 7, 4), random_tree(rng, 3)]  # 57 nodes x 8 heads per KV head
-    error, tol, plan = run_case(13, trees, [40, 2], heads=16, kv_heads=2, dtype=torch.bfloat16, block_m=256,
-                                num_warps=16)
+    error, tol, plan = run_case(
+        13, trees, [40, 2], heads=16, kv_heads=2, dtype=torch.bfloat16, block_m=256, num_warps=16
+    )
     assert (plan.block_m, plan.tiles_per_head, plan.num_warps) == (256, 2, 16)
     assert error < tol
 
@@ -215,8 +247,16 @@ def test_large_trees_words_in_registers_or_gathered(nodes):
     """Up to 128 nodes a row's ancestor words are read once into registers; past that (5 words
     here) they are gathered per key tile: both against the reference."""
     rng = _rng(f"words{nodes}")
-    error, tol, plan = run_case(12, [random_tree(rng, nodes), random_tree(rng, 5)], [30, 7], heads=2, kv_heads=1,
-                                num_splits=2, block_n=32, min_chunk=16)
+    error, tol, plan = run_case(
+        12,
+        [random_tree(rng, nodes), random_tree(rng, 5)],
+        [30, 7],
+        heads=2,
+        kv_heads=1,
+        num_splits=2,
+        block_n=32,
+        min_chunk=16,
+    )
     assert plan.few_words == (nodes <= 128) and plan.bits.shape[-1] == -(-nodes // 32)
     assert error < tol
 
@@ -244,7 +284,18 @@ def test_ancestor_bits_past_one_word():
 def test_random_trees_property(seed, sizes, contexts, group, splits, block_size, gather_words, mask_every_tile):
     rng = np.random.default_rng(seed)
     trees = [random_tree(rng, n) for n in sizes]
-    error, tol, _ = run_case(seed, trees, contexts[: len(trees)], heads=2 * group, kv_heads=2, head_size=16,
-                             block_size=block_size, num_splits=splits, block_n=16, min_chunk=8,
-                             gather_words=gather_words, mask_every_tile=mask_every_tile)
+    error, tol, _ = run_case(
+        seed,
+        trees,
+        contexts[: len(trees)],
+        heads=2 * group,
+        kv_heads=2,
+        head_size=16,
+        block_size=block_size,
+        num_splits=splits,
+        block_n=16,
+        min_chunk=8,
+        gather_words=gather_words,
+        mask_every_tile=mask_every_tile,
+    )
     assert error < tol

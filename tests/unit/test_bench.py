@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from vllm_lookahead.bench import prompts as P
-from vllm_lookahead.bench.methods import parse_method
-from vllm_lookahead.bench.report import build_rows, source_table, step_breakdown, to_csv, to_markdown, write_report
-from vllm_lookahead.cli import main
+from benchmarks import prompts as P
+from benchmarks.cli import main
+from benchmarks.methods import parse_method
+from benchmarks.report import build_rows, source_table, step_breakdown, to_csv, to_markdown, write_report
 
 # -- prompts ---------------------------------------------------------------------------
 
@@ -29,8 +29,10 @@ def test_stdlib_code_prompts_are_reproducible_and_show_signature_and_docstring()
 
 
 def test_specbench_categories(tmp_path):
-    rows = [{"question_id": i, "category": c, "turns": [f"q{i}", "second"]}
-            for i, c in enumerate(["writing", "coding", "coding", "qa", "summarization", "math"] * 3)]
+    rows = [
+        {"question_id": i, "category": c, "turns": [f"q{i}", "second"]}
+        for i, c in enumerate(["writing", "coding", "coding", "qa", "summarization", "math"] * 3)
+    ]
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     mt = P.category_prompts("mt_bench", 4, path)
@@ -46,7 +48,10 @@ def test_specbench_categories(tmp_path):
 
 def test_sharegpt_reader_stops_at_the_truncated_record(tmp_path):
     records = [
-        {"id": "a", "conversations": [{"from": "human", "value": "first question here"}, {"from": "gpt", "value": "x"}]},
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "first question here"}, {"from": "gpt", "value": "x"}],
+        },
         {"id": "b", "conversations": [{"from": "gpt", "value": "starts with the model"}]},
         {"id": "c", "conversations": [{"from": "human", "value": "hi"}]},  # too short
         {"id": "d", "conversations": [{"from": "human", "value": "x" * 3000 + " long but fine"}]},
@@ -82,7 +87,12 @@ def test_tokenize_drops_long_prompts_instead_of_cutting():
 def test_method_specs():
     assert parse_method("none").speculative_config is None
     ngram = parse_method("ngram")
-    assert ngram.speculative_config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert ngram.speculative_config == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     assert parse_method('ngram:{"num_speculative_tokens": 8}').speculative_config["num_speculative_tokens"] == 8
     la = parse_method('lookahead:{"window_size": 4, "lookup_context": 3}')
     assert la.speculative_config == {"method": "lookahead", "window_size": 4, "lookup_context": 3}
@@ -98,7 +108,7 @@ def test_method_specs():
 
 
 def test_bench_cli_rejects_a_bad_method_before_starting_anything(capsys):
-    assert main(["bench", "--methods", "none", "medusa"]) == 2
+    assert main(["--methods", "none", "medusa"]) == 2
     assert "unknown method 'medusa'" in capsys.readouterr().err
 
 
@@ -107,31 +117,58 @@ def test_bench_cli_rejects_a_bad_method_before_starting_anything(capsys):
 
 def _run(outputs, wall, gen=0, acc=0, drafted=0, drafts=0, steps=10, propose=0.0, latency=(1.0,)):
     return {
-        "wall_s": wall, "ttft_s": [0.1] * len(outputs), "latency_s": [latency[i % len(latency)] for i in range(len(outputs))],
+        "wall_s": wall,
+        "ttft_s": [0.1] * len(outputs),
+        "latency_s": [latency[i % len(latency)] for i in range(len(outputs))],
         "outputs": outputs,
-        "counters": {"vllm:generation_tokens": gen, "vllm:spec_decode_num_accepted_tokens": acc,
-                     "vllm:spec_decode_num_draft_tokens": drafted, "vllm:spec_decode_num_drafts": drafts},
-        "timers": {"step_s": 0.5, "step_calls": steps, "propose_s": propose, "verify_s": 0.01}, "extra": {},
+        "counters": {
+            "vllm:generation_tokens": gen,
+            "vllm:spec_decode_num_accepted_tokens": acc,
+            "vllm:spec_decode_num_draft_tokens": drafted,
+            "vllm:spec_decode_num_drafts": drafts,
+        },
+        "timers": {"step_s": 0.5, "step_calls": steps, "propose_s": propose, "verify_s": 0.01},
+        "extra": {},
     }
 
 
 def _raw():
     same, other = [[1, 2, 3, 4]] * 2, [[1, 2, 3, 4], [1, 2, 9, 9]]
     return {
-        "plan": {"model": "m", "max_tokens": 4, "repeats": 2, "max_model_len": 64, "enforce_eager": True,
-                 "categories": ["code"]},
+        "plan": {
+            "model": "m",
+            "max_tokens": 4,
+            "repeats": 2,
+            "max_model_len": 64,
+            "enforce_eager": True,
+            "categories": ["code"],
+        },
         "environment": {"date": "d", "cpus": 2, "vllm": "0.32.0", "torch": "t", "vllm_lookahead": "0.1.0"},
-        "workloads": [{"name": "code", "kind": "category", "concurrency": 1},
-                      {"name": "sharegpt@c4", "kind": "concurrency", "concurrency": 4}],
+        "workloads": [
+            {"name": "code", "kind": "category", "concurrency": 1},
+            {"name": "sharegpt@c4", "kind": "concurrency", "concurrency": 4},
+        ],
         "methods": [
-            {"method": "no-spec", "skip_reason": None, "runs": {
-                "code": [_run(same, 1.0, gen=8, steps=8), _run(same, 2.0, gen=8, steps=8)],
-                "sharegpt@c4": [_run(same, 1.0, gen=8, latency=(1.0, 1.0))]}},
+            {
+                "method": "no-spec",
+                "skip_reason": None,
+                "runs": {
+                    "code": [_run(same, 1.0, gen=8, steps=8), _run(same, 2.0, gen=8, steps=8)],
+                    "sharegpt@c4": [_run(same, 1.0, gen=8, latency=(1.0, 1.0))],
+                },
+            },
             {"method": "suffix", "skip_reason": "not installed", "runs": {}},
-            {"method": "lookahead", "skip_reason": None, "runs": {
-                "code": [_run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004),
-                         _run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004)],
-                "sharegpt@c4": [_run(same, 2.0, gen=8, latency=(0.5, 2.0))]}},
+            {
+                "method": "lookahead",
+                "skip_reason": None,
+                "runs": {
+                    "code": [
+                        _run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004),
+                        _run(other, 0.5, gen=8, acc=4, drafted=40, drafts=4, steps=4, propose=0.004),
+                    ],
+                    "sharegpt@c4": [_run(same, 2.0, gen=8, latency=(0.5, 2.0))],
+                },
+            },
         ],
     }
 
@@ -190,9 +227,15 @@ def test_step_breakdown_splits_engine_steps_and_compares_equal_shapes():
     assert "**code (batch 1)**" in lines and "**4 in flight**" not in lines  # no step timers there
     header = next(line for line in lines if line.startswith("| method | engine step ms"))
     assert header.endswith("| forward @ 1 | forward @ 5 |")  # the shapes seen most, in token order
-    row = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| no-spec") or line.startswith("| lookahead")}
+    row = {
+        line.split(" | ")[0][2:]: line
+        for line in lines
+        if line.startswith("| no-spec") or line.startswith("| lookahead")
+    }
     # no-spec: 8 engine steps over 0.8 s -> 100 ms: forward 75, sample 10, rest 15; 75 ms per 1-token forward
-    assert row["no-spec"].startswith("| no-spec | 100.0 | 75.0 | 10.0 | ") and row["no-spec"].endswith("| 15.0 | 75.0 (8) | - |")
+    assert row["no-spec"].startswith("| no-spec | 100.0 | 75.0 | 10.0 | ") and row["no-spec"].endswith(
+        "| 15.0 | 75.0 (8) | - |"
+    )
     # lookahead: 200 ms per step = 150 forward + 30 sample + 20 rest; 50 ms at 1 token, 183.3 at 5
     assert row["lookahead"].endswith("| 20.0 | 50.0 (2) | 183.3 (6) |")
     assert "## Where a step's time goes" in to_markdown(raw, build_rows(raw))
@@ -205,7 +248,7 @@ def test_step_breakdown_is_left_out_for_results_without_step_timers():
 def test_step_timers_keep_forward_time_per_shape():
     from types import SimpleNamespace
 
-    from vllm_lookahead.bench.driver import StepTimers
+    from benchmarks.driver import StepTimers
 
     timers = StepTimers()
     forward = timers._wrap("step", lambda runner, out: None)
@@ -221,19 +264,28 @@ def test_step_timers_keep_forward_time_per_shape():
 def test_report_only_rebuilds_from_json(tmp_path, capsys):
     src = tmp_path / "results.json"
     src.write_text(json.dumps(_raw()))
-    assert main(["bench", "--report-only", str(src), "--out", str(tmp_path / "out")]) == 0
+    assert main(["--report-only", str(src), "--out", str(tmp_path / "out")]) == 0
     assert "## Batch 1, per prompt category" in capsys.readouterr().out
     assert (tmp_path / "out" / "results.csv").exists()
 
 
 def test_workloads_never_reuse_a_prompt(tmp_path):
-    from vllm_lookahead.bench.suite import Plan, build_workloads
+    from benchmarks.suite import Plan, build_workloads
 
     rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(20)]
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=3, repeats=3,
-                concurrency=[1, 4], min_sweep_requests=2, requests_per_slot=1, specbench=str(path))
+    plan = Plan(
+        model="m",
+        methods=["none"],
+        categories=["qa"],
+        prompts_per_category=3,
+        repeats=3,
+        concurrency=[1, 4],
+        min_sweep_requests=2,
+        requests_per_slot=1,
+        specbench=str(path),
+    )
     workloads = build_workloads(plan, _Tok())
     seen = [p.prompt_id for w in workloads for rep in w.prompts for p in rep]
     assert len(seen) == len(set(seen)) == 3 * 3 + 3 * (2 + 4)
@@ -243,7 +295,7 @@ def test_workloads_never_reuse_a_prompt(tmp_path):
 
 
 def test_rounds_alternate_the_method_order():
-    from vllm_lookahead.bench.suite import round_orders
+    from benchmarks.suite import round_orders
 
     a, b, c = (parse_method(m) for m in ("none", "ngram", "lookahead"))
     orders = round_orders([a, b, c], 3)
@@ -253,7 +305,7 @@ def test_rounds_alternate_the_method_order():
 
 def test_bench_options_are_not_abbreviated(capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["bench", "--requests", "7"])  # would otherwise mean --requests-per-slot
+        main(["--requests", "7"])  # would otherwise mean --requests-per-slot
     assert exc.value.code == 2
 
 
@@ -271,30 +323,56 @@ def test_batch1_mat_counts_forwards_not_drafts_accepted_past_the_end():
 
 
 def test_temperature_and_concurrency_variants_get_their_own_prompts(tmp_path):
-    from vllm_lookahead.bench.suite import Plan, build_workloads
+    from benchmarks.suite import Plan, build_workloads
 
     rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(40)]
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2, repeats=2,
-                concurrency=[], specbench=str(path), temperatures=[0.0, 0.7], category_concurrency=[1, 4])
+    plan = Plan(
+        model="m",
+        methods=["none"],
+        categories=["qa"],
+        prompts_per_category=2,
+        repeats=2,
+        concurrency=[],
+        specbench=str(path),
+        temperatures=[0.0, 0.7],
+        category_concurrency=[1, 4],
+    )
     workloads = build_workloads(plan, _Tok())
     assert [(w.name, w.concurrency, w.temperature, w.category) for w in workloads] == [
-        ("qa", 1, 0.0, "qa"), ("qa@T0.7", 1, 0.7, "qa"), ("qa@c4", 4, 0.0, "qa"), ("qa@c4@T0.7", 4, 0.7, "qa")]
+        ("qa", 1, 0.0, "qa"),
+        ("qa@T0.7", 1, 0.7, "qa"),
+        ("qa@c4", 4, 0.0, "qa"),
+        ("qa@c4@T0.7", 4, 0.7, "qa"),
+    ]
     seen = [p.prompt_id for w in workloads for rep in w.prompts for p in rep]
     assert len(seen) == len(set(seen)) == (2 + 2 + 4 + 4) * 2  # at c4, one request per slot at least
     assert [len(w.prompts[0]) for w in workloads] == [2, 2, 4, 4]
     # the default plan picks the same prompts as before the variants existed (old results replay)
-    default = build_workloads(Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2,
-                                   repeats=2, concurrency=[], specbench=str(path)), _Tok())
-    assert [p.prompt_id for rep in default[0].prompts for p in rep] == [p.prompt_id for rep in workloads[0].prompts for p in rep]
+    default = build_workloads(
+        Plan(
+            model="m",
+            methods=["none"],
+            categories=["qa"],
+            prompts_per_category=2,
+            repeats=2,
+            concurrency=[],
+            specbench=str(path),
+        ),
+        _Tok(),
+    )
+    assert [p.prompt_id for rep in default[0].prompts for p in rep] == [
+        p.prompt_id for rep in workloads[0].prompts for p in rep
+    ]
 
 
 def test_sampled_workloads_are_summarised_and_not_compared_token_by_token():
     raw = _raw()
     raw["plan"]["temperatures"] = [0.0, 0.7]
-    raw["workloads"].append({"name": "code@T0.7", "kind": "category", "concurrency": 1, "temperature": 0.7,
-                             "category": "code"})
+    raw["workloads"].append(
+        {"name": "code@T0.7", "kind": "category", "concurrency": 1, "temperature": 0.7, "category": "code"}
+    )
     raw["methods"][0]["runs"]["code@T0.7"] = [_run([[5, 6]], 1.0, gen=2, steps=2)]
     raw["methods"][2]["runs"]["code@T0.7"] = [_run([[7, 8]], 0.5, gen=2, acc=1, drafted=4, drafts=1, steps=1)]
     rows = {(r.method, r.workload): r for r in build_rows(raw)}
@@ -309,9 +387,16 @@ def test_sampled_workloads_are_summarised_and_not_compared_token_by_token():
 
 def test_source_table_shows_where_lookaheads_accepted_tokens_came_from():
     raw = _raw()
-    counters = {"lookahead_steps": 4, "lookahead_accepted_tokens": 4, "lookahead_draft_tokens": 40,
-                "lookahead_window_steps": 2, "lookahead_window_tokens": 30, "lookahead_accepted_prompt": 1,
-                "lookahead_accepted_output": 1, "lookahead_accepted_window": 2}
+    counters = {
+        "lookahead_steps": 4,
+        "lookahead_accepted_tokens": 4,
+        "lookahead_draft_tokens": 40,
+        "lookahead_window_steps": 2,
+        "lookahead_window_tokens": 30,
+        "lookahead_accepted_prompt": 1,
+        "lookahead_accepted_output": 1,
+        "lookahead_accepted_window": 2,
+    }
     for run in raw["methods"][2]["runs"]["code"]:
         run["counters"].update(counters)
     lines = source_table(raw)
@@ -334,12 +419,15 @@ def test_summary_gives_the_latency_speedup_where_several_requests_are_in_flight(
 
 
 def test_engines_run_with_fixed_malloc_thresholds_unless_the_caller_chose_an_allocator():
-    from vllm_lookahead.bench.engine_env import FIXED_MALLOC, engine_env
+    from benchmarks.engine_env import FIXED_MALLOC, engine_env
 
     env, line = engine_env({"PATH": "/bin"})
     assert env == {"PATH": "/bin", **FIXED_MALLOC} and all(f"{k}={v}" in line for k, v in FIXED_MALLOC.items())
-    for chosen in ({"LD_PRELOAD": "/lib/libjemalloc.so.2"}, {"MALLOC_ARENA_MAX": "2"},
-                   {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
+    for chosen in (
+        {"LD_PRELOAD": "/lib/libjemalloc.so.2"},
+        {"MALLOC_ARENA_MAX": "2"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"},
+    ):
         env, line = engine_env({"PATH": "/bin", **chosen})
         assert env == {"PATH": "/bin", **chosen} and line.startswith("as given") and next(iter(chosen.values())) in line
     env, line = engine_env({"PATH": "/bin", "LD_PRELOAD": ""}, inherit=True)
@@ -353,15 +441,23 @@ def test_report_names_the_engines_allocator(tmp_path):
 
 
 def test_a_short_category_keeps_every_variants_size_and_reuses_prompts_only_across_rounds(tmp_path):
-    from vllm_lookahead.bench.prompts import PromptSetError
-    from vllm_lookahead.bench.suite import Plan, build_workloads
+    from benchmarks.prompts import PromptSetError
+    from benchmarks.suite import Plan, build_workloads
 
     def workloads_for(n: int, repeats: int = 3):
         rows = [{"question_id": i, "category": "qa", "turns": [f"question {i}"]} for i in range(n)]
         path = tmp_path / f"q{n}.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in rows))
-        plan = Plan(model="m", methods=["none"], categories=["qa"], prompts_per_category=2, repeats=repeats,
-                    concurrency=[], specbench=str(path), category_concurrency=[1, 4])
+        plan = Plan(
+            model="m",
+            methods=["none"],
+            categories=["qa"],
+            prompts_per_category=2,
+            repeats=repeats,
+            concurrency=[],
+            specbench=str(path),
+            category_concurrency=[1, 4],
+        )
         return build_workloads(plan, _Tok())
 
     # 10 prompts for 3 rounds x (2 + 4): every variant keeps its size, each round's prompts distinct

@@ -32,8 +32,11 @@ def test_maximum_below_floor_is_the_paper():
     assert length.current == 4
 
 
-@given(floor=st.integers(1, 8), maximum=st.integers(0, 64),
-       steps=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 70)), max_size=40))
+@given(
+    floor=st.integers(1, 8),
+    maximum=st.integers(0, 64),
+    steps=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 70)), max_size=40),
+)
 def test_always_within_floor_and_maximum(floor, maximum, steps):
     length = DraftLength(floor=floor, maximum=maximum)
     for drafted, accepted in steps:

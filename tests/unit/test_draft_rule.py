@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
 from vllm_lookahead.core.draft_rule import (
-    Acceptance, DraftOptions, DraftPlan, LeadConfidence, LeadEvidence as E, PooledConfidence, lead_floor, plan_step,
+    Acceptance,
+    DraftOptions,
+    DraftPlan,
+    LeadConfidence,
+    PooledConfidence,
+    lead_floor,
+    plan_step,
+)
+from vllm_lookahead.core.draft_rule import (
+    LeadEvidence as E,
 )
 from vllm_lookahead.core.step_cost import StepCost
 
@@ -51,8 +60,9 @@ def test_real_steps_teach_the_per_token_price_the_profile_misses():
         cost.observe(n, 0, 1.8 * cost.chain(n) + 0.0015 * (n - 1))
     # within the prior's pull towards the profile (a few per cent against 40 steps of evidence)
     assert cost.scale == pytest.approx(1.8, rel=0.02) and cost.token_seconds == pytest.approx(0.0015, rel=0.03)
-    assert cost.forward(5) - cost.forward(1) == pytest.approx(1.8 * (cost.chain(5) - cost.chain(1)) + 4 * 0.0015,
-                                                              rel=0.03)
+    assert cost.forward(5) - cost.forward(1) == pytest.approx(
+        1.8 * (cost.chain(5) - cost.chain(1)) + 4 * 0.0015, rel=0.03
+    )
     again = StepCost.from_dict(cost.to_dict())
     assert again.forward(3) == pytest.approx(cost.forward(3)) and again.forward(40) == pytest.approx(cost.forward(40))
     cheaper = StepCost(*FLAT_PROFILE)
@@ -129,7 +139,7 @@ def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
     non-decreasing, the curve would call every size up to ~30 tokens free."""
     from types import SimpleNamespace
 
-    from vllm_lookahead.engine import cost_profile
+    from vllm_lookahead.engine.propose import cost_profile
 
     clock = SimpleNamespace(now=0.0, calls=0)
 
@@ -138,8 +148,12 @@ def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
         clock.now += 0.020 + 0.001 * tokens + (0.030 if clock.calls <= 6 else 0.0)
         return np.zeros((tokens, 4)), None
 
-    runner = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=64), device="cpu",
-                             _dummy_run=dummy_run, model=SimpleNamespace(compute_logits=lambda hidden: hidden))
+    runner = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=64),
+        device="cpu",
+        _dummy_run=dummy_run,
+        model=SimpleNamespace(compute_logits=lambda hidden: hidden),
+    )
     monkeypatch.setattr(cost_profile.time, "perf_counter", lambda: clock.now)
     cost = cost_profile.profile_forward_cost(runner)
     assert cost.tokens == (1, 2, 4, 8, 16, 32, 64)
@@ -147,10 +161,12 @@ def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
 
 
 # -- the rule -------------------------------------------------------------------------------
-def _opts(lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1,
-          fixed=0.0) -> DraftOptions:
-    return DraftOptions(tuple(p * q ** i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain,
-                        fixed_seconds=fixed)
+def _opts(
+    lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1, fixed=0.0
+) -> DraftOptions:
+    return DraftOptions(
+        tuple(p * q**i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain, fixed_seconds=fixed
+    )
 
 
 FREE = StepCost.linear(0.010, 0.0)  # every token free: a GPU far below its knee
@@ -187,18 +203,6 @@ def test_warming_window_column_zero_is_free_and_candidates_need_the_lead():
     assert plan.candidates == 0  # no lead: no further candidates
 
 
-def test_a_step_drafts_only_if_its_plan_pays_the_hosts_fixed_work_too():
-    # ~0.8 ms per token on a 15 ms forward: four requests whose leads are right 30 % of the time
-    # pay for their forward rows, not once 3 ms of host work per drafting step is priced in;
-    # likely leads pay both.
-    cost = StepCost.linear(0.015, 0.0008)
-    weak, strong = [_opts(p=0.3, q=0.5)] * 4, [_opts(p=0.9, q=0.9)] * 4
-    assert any(p.lead for p in plan_step(weak, cost))
-    assert plan_step(weak, cost, host_seconds=0.003) == [DraftPlan()] * 4
-    assert plan_step(weak, cost, host_seconds=0.0) == plan_step(weak, cost)
-    assert plan_step(strong, cost, host_seconds=0.003) == plan_step(strong, cost)  # not cut: all or nothing
-
-
 def test_a_request_drafts_only_where_its_draft_pays_the_price_of_verifying_its_tree():
     """Verifying a sampled request's tree costs the host a fixed time whatever its size: a one-token
     draft likely to be accepted pays its forward row, not that price; a long likely lead pays
@@ -221,15 +225,40 @@ def test_a_request_drafts_only_where_its_draft_pays_the_price_of_verifying_its_t
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 12), st.floats(0, 1), st.floats(0, 1), st.integers(0, 3),
-                       st.floats(0, 2), st.integers(0, 4), st.floats(0, 1), st.floats(0, 0.01)), min_size=1, max_size=6),
-    st.floats(0.001, 0.05), st.floats(0, 0.005), st.floats(0, 0.005), st.floats(0, 0.01),
+    st.lists(
+        st.tuples(
+            st.integers(0, 12),
+            st.floats(0, 1),
+            st.floats(0, 1),
+            st.integers(0, 3),
+            st.floats(0, 2),
+            st.integers(0, 4),
+            st.floats(0, 1),
+            st.floats(0, 0.01),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.floats(0.001, 0.05),
+    st.floats(0, 0.005),
+    st.floats(0, 0.005),
 )
-def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row, host):
-    options = [_opts(lead=l, p=p, q=q, cands=(3,) * c, cand_gain=g, cols=(2,) + (3,) * max(0, w - 1) if w else (),
-                     col_gain=cg, fixed=f) for l, p, q, c, g, w, cg, f in reqs]
+def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token, per_row):
+    options = [
+        _opts(
+            lead=l,
+            p=p,
+            q=q,
+            cands=(3,) * c,
+            cand_gain=g,
+            cols=(2,) + (3,) * max(0, w - 1) if w else (),
+            col_gain=cg,
+            fixed=f,
+        )
+        for l, p, q, c, g, w, cg, f in reqs
+    ]
     cost = StepCost.linear(base, per_token, tree_row=per_row)
-    plans = plan_step(options, cost, host_seconds=host)
+    plans = plan_step(options, cost)
     n = len(options)
     expected, tokens, rows, fixed = float(n), n, 0, 0.0
     for o, plan in zip(options, plans):
@@ -244,8 +273,8 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
         # window column 0 below a bare root (no lead) is a chain: no tree rows
         rows += extra - (o.window_column_rows[0] if plan.lead == 0 and plan.window_columns else 0)
     # Every piece was added only if it raised expected tokens per second, and a drafting step pays
-    # the host's work and each drafting request's verification too.
-    spent = cost.forward(tokens, rows) + fixed + (host if tokens > n else 0.0)
+    # each drafting request's verification too.
+    spent = cost.forward(tokens, rows) + fixed
     assert expected / spent >= n / cost.forward(n) * (1 - 1e-9)
 
 
@@ -270,7 +299,9 @@ def test_lead_confidence_follows_the_evidence_and_the_request():
     for context in (1, 2, 3):
         by_support = [fresh.first(E(context, s)) for s in (1, 2, 4, 8, 64)]
         assert all(a < b for a, b in zip(by_support, by_support[1:])) and 0.0 < by_support[0] and by_support[-1] < 1.0
-    assert fresh.first(E(1, 1)) < 0.5 < fresh.first(E(3, 1))  # a one-token match seen once is a guess, three tokens are not
+    assert (
+        fresh.first(E(1, 1)) < 0.5 < fresh.first(E(3, 1))
+    )  # a one-token match seen once is a guess, three tokens are not
     assert fresh.next(E(1)) < fresh.next(E(2)) < fresh.next(E(3)) and fresh.first(E(9, 1)) == fresh.first(E(3, 1))
     # a request whose confident leads keep failing is believed less, one whose weak leads hit more
     doubtful, lucky = LeadConfidence(), LeadConfidence()
@@ -314,7 +345,7 @@ def _decode(state: RequestLookahead, text: list[int], cost: StepCost, start: int
         cands = state.step_candidates(history[-1], history[-3:])
         (plan,) = plan_step([state.draft_options(cands)], cost)
         draft = state.build(cands, lead=plan.lead, candidates=plan.candidates, window_columns=0)
-        truth = text[len(history):]
+        truth = text[len(history) :]
         tree = draft.tree
         argmax = np.full(tree.size, -1)
         on = np.zeros(tree.size, bool)
@@ -356,8 +387,12 @@ def test_a_request_the_rule_stopped_drafting_drafts_again_when_its_text_repeats(
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 6), min_size=30, max_size=120), st.floats(0.005, 0.05), st.floats(0.0, 0.004),
-       st.integers(1, 16))
+@given(
+    st.lists(st.integers(0, 6), min_size=30, max_size=120),
+    st.floats(0.005, 0.05),
+    st.floats(0.0, 0.004),
+    st.integers(1, 16),
+)
 def test_the_lead_floor_only_skips_tokens_the_rule_would_never_draft(text, base, per_token, batch):
     """Lead tokens below lead_floor are not looked up; the plan is the same as with the whole lead."""
     cost = StepCost.linear(base, per_token)
@@ -381,19 +416,21 @@ def test_tokens_above_counts_the_gains_over_a_floor(context, support, floor, len
     conf = LeadConfidence()
     for _ in range(misses):
         conf.observe(E(context, support), tried=3, accepted=1)
-    assert conf.tokens_above(E(context, support), floor, length) == sum(1 for g in conf.gains(E(context, support), length)
-                                                                      if g >= floor)
+    assert conf.tokens_above(E(context, support), floor, length) == sum(
+        1 for g in conf.gains(E(context, support), length) if g >= floor
+    )
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     seconds=st.lists(st.floats(0.001, 0.2), min_size=1, max_size=6),
-    base=st.integers(1, 40), span=st.integers(0, 40),
+    base=st.integers(1, 40),
+    span=st.integers(0, 40),
     observed=st.lists(st.tuples(st.integers(1, 60), st.floats(0.001, 0.3)), max_size=5),
 )
 def test_lead_floor_is_the_cheapest_marginal_token_over_the_bare_forward(seconds, base, span, observed):
     """The O(1) lead floor (cached per range, the measured scale cancelling) is its definition."""
-    cost = StepCost(tuple(2 ** i for i in range(len(seconds))), tuple(seconds))
+    cost = StepCost(tuple(2**i for i in range(len(seconds))), tuple(seconds))
     for _ in range(2):  # the second pass reads the cache, after the scale moved
         forward = [cost.forward(base + i) for i in range(span + 1)]
         cheapest = min((b - a for a, b in zip(forward, forward[1:])), default=0.0)
@@ -432,7 +469,7 @@ def test_requests_decoding_without_being_offered_count_in_what_a_draft_token_add
     eligible, or rest) values that one's draft tokens against the 16 tokens the step emits anyway:
     its lead is cut shorter than if it were the batch's only request."""
     cost = StepCost.linear(0.020, 0.0008)
-    option = DraftOptions(lead_gains=tuple(0.95 * 0.8 ** i for i in range(12)))
+    option = DraftOptions(lead_gains=tuple(0.95 * 0.8**i for i in range(12)))
     (alone,) = plan_step([option], cost, base_tokens=1)
     (among_16,) = plan_step([option], cost, base_tokens=16)
     assert 0 < among_16.lead < alone.lead

@@ -1,8 +1,8 @@
-"""Which requests are drafted for (engine/eligibility.py): wherever vLLM's own ngram method drafts."""
+"""Which requests are drafted for (engine/propose/eligibility.py): wherever vLLM's own ngram method drafts."""
 
 import pytest
 
-from vllm_lookahead.engine.eligibility import chain_only, draft_blocker, is_greedy
+from vllm_lookahead.engine.propose.eligibility import chain_only, draft_blocker, is_greedy
 
 SamplingParams = pytest.importorskip("vllm").SamplingParams
 
@@ -35,13 +35,13 @@ def test_what_vllm_drafts_for_is_drafted(kwargs):
     ],
 )
 def test_what_vllm_refuses_with_speculation_is_served_undrafted(kwargs, reason):
-    assert reason in draft_blocker(SamplingParams(temperature=0.7, **kwargs))
+    assert draft_blocker(SamplingParams(temperature=0.7, **kwargs)).label == reason
 
 
 def test_pooling_and_the_chain_rule():
     from vllm.sampling_params import StructuredOutputsParams
 
-    assert "pooling" in draft_blocker(None)
+    assert draft_blocker(None).label == "pooling"
     structured = SamplingParams(temperature=0.7, structured_outputs=StructuredOutputsParams(choice=["a", "b"]))
     assert draft_blocker(structured) is None and chain_only(structured)
     assert not chain_only(SamplingParams(temperature=0.7))

@@ -17,8 +17,12 @@ ENTRIES = json.loads((ROOT / "vllm_lookahead" / "core" / fitted.FITTED_FILE).rea
 
 def test_the_file_loads_with_a_value_for_each_entry():
     assert set(fitted.FITTED) == set(ENTRIES) and fitted.FITTED == fitted.load()
-    assert {"draft_rule.PRIORS", "draft_rule.LEAD_FIRST_LOGIT", "draft_rule.SHARED_FIRST_LOGIT",
-            "cost_profile.FALLBACK"} <= set(ENTRIES)
+    assert {
+        "draft_rule.PRIORS",
+        "draft_rule.LEAD_FIRST_LOGIT",
+        "draft_rule.SHARED_FIRST_LOGIT",
+        "cost_profile.FALLBACK",
+    } <= set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
@@ -37,7 +41,7 @@ def test_each_entry_names_its_recording_write_up_and_refit_command(name):
 
 def test_the_modules_read_the_file():
     from vllm_lookahead.core import draft_rule
-    from vllm_lookahead.engine import cost_profile
+    from vllm_lookahead.engine.propose import cost_profile
 
     assert draft_rule.PRIORS == fitted.FITTED["draft_rule.PRIORS"]
     assert list(draft_rule.SHARED_NEXT_LOGIT) == fitted.FITTED["draft_rule.SHARED_NEXT_LOGIT"]

@@ -1,4 +1,4 @@
-"""The GPU check (``python -m vllm_lookahead.bench.gpu_check``) as its CPU smoke run.
+"""The GPU check (``python -m benchmarks.gpu.check``) as its CPU smoke run.
 
 The run goes in a subprocess where ``pydantic`` and ``vllm`` cannot be imported -- the GPU machine
 has neither -- and without ``TRITON_INTERPRET`` set: the command itself must choose Triton's
@@ -17,19 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vllm_lookahead.bench.gpu_fixtures import add_window, branching_tree, first_branch_node, lookahead_tree
+from benchmarks.gpu.fixtures import add_window, branching_tree, first_branch_node, lookahead_tree
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import TreeBuilder
 from vllm_lookahead.core.window import JacobiWindow
 
 BLOCK_IMPORTS = "import sys; sys.modules['pydantic'] = None; sys.modules['vllm'] = None; "
-RUN = "import runpy; runpy.run_module('vllm_lookahead.bench.gpu_check', run_name='__main__', alter_sys=True)"
+RUN = "import runpy; runpy.run_module('benchmarks.gpu.check', run_name='__main__', alter_sys=True)"
 
 
 def _run(out: Path, *args: str, prelude: str = "") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    argv = ["vllm_lookahead.bench.gpu_check", "--out", str(out), "--cpu-smoke", *args]
+    argv = ["benchmarks.gpu.check", "--out", str(out), "--cpu-smoke", *args]
     code = BLOCK_IMPORTS + f"sys.argv = {argv!r}; " + prelude + RUN
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
@@ -55,12 +55,16 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     assert {r["rows"] for r in exact["attention"]} == {"branch", "all", "causal"}
     assert any(r["num_splits_run"] > 1 for r in exact["attention"])
     layer = raw["parts"]["layer"]["tables"]["layer"]
-    assert all({"kernel_s", "causal_s", "sdpa_s", "torch_s", "kernel_over_causal", "masked_over_kernel"} <= set(r)
-               for r in layer)
+    assert all(
+        {"kernel_s", "causal_s", "sdpa_s", "torch_s", "kernel_over_causal", "masked_over_kernel"} <= set(r)
+        for r in layer
+    )
     assert {r["mode"] for r in raw["parts"]["forward"]["tables"]["forward"]} == {"chain", "tree", "tree_one_pass"}
     sampling = raw["parts"]["sampling"]["tables"]
-    assert all(r["row_draws_equal_fresh_draws"] and r["state_set_back_redraws"] and r["ahead_tokens_equal_walk"]
-               for r in sampling["exactness"])
+    assert all(
+        r["row_draws_equal_fresh_draws"] and r["state_set_back_redraws"] and r["ahead_tokens_equal_walk"]
+        for r in sampling["exactness"]
+    )
     assert {r["case"] for r in sampling["cost"]} >= {"vllm_b1", "walk_k1", "ahead_n8_d4"}
     md = (out / "gpu_check.md").read_text()
     assert "**Exactness: every case run passed**" in md and "| T per request |" in md and "| kernel/causal |" in md
@@ -68,7 +72,7 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
 
 
 def test_cpu_smoke_writes_step_cost_files_replay_can_read(smoke):
-    from vllm_lookahead.bench.replay import replay_cost
+    from benchmarks.replay import replay_cost
 
     _, out = smoke
     for batch in (1, 2):
@@ -82,9 +86,11 @@ def test_cpu_smoke_writes_step_cost_files_replay_can_read(smoke):
 
 def test_a_failing_exactness_case_makes_the_command_fail(tmp_path):
     # Negative tolerances: every attention case fails (compaction is bit-exact regardless).
-    prelude = ("import os; os.environ['TRITON_INTERPRET'] = '1'; "
-               "from vllm_lookahead.bench import gpu_exactness as g; "
-               "g.TOLERANCE.update(dict.fromkeys(g.TOLERANCE, -1.0)); ")
+    prelude = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'; "
+        "from benchmarks.gpu import exactness as g; "
+        "g.TOLERANCE.update(dict.fromkeys(g.TOLERANCE, -1.0)); "
+    )
     proc = _run(tmp_path, "--parts", "exactness", prelude=prelude)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     raw = json.loads((tmp_path / "gpu_check.json").read_text())

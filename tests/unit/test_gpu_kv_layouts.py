@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import zlib
 
-import numpy as np
 import pytest
 import torch
-
-from vllm_lookahead.engine import attention
-from vllm_lookahead.engine.kv import SPLIT_LAST_DIM, PagedKV, kv_views, move_slots
-from vllm_lookahead.engine.tree_batch import TreeBatch
-from vllm_lookahead.testing.paged_kv import tree_step, vllm_layer_caches
-
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+from support.paged_kv import tree_step, vllm_layer_caches
+from vllm_lookahead.engine.step import attention
+from vllm_lookahead.engine.step.kv import SPLIT_LAST_DIM, PagedKV, kv_views, move_slots
+from vllm_lookahead.engine.step.tree_batch import TreeBatch
 
 LAYERS, BLOCKS, BS, HKV, D = 2, 24, 16, 2, 8
 
@@ -37,7 +35,9 @@ def test_tree_attention_on_every_gpu_cache_layout(backend, layout):
     tokens = step.query.shape[0]
     out = step.output.clone()
     kv = PagedKV(backend, step.caches, BS)  # layout not yet checked: the first layer checks it
-    batch = TreeBatch(step.requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=step.block_table, kv=kv)
+    batch = TreeBatch(
+        step.requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=step.block_table, kv=kv
+    )
     cache = step.caches[step.layer]
     attention.fix_draft_rows(step.impl, step.query, step.step_keys, cache, out, batch)
     assert kv.layout_checked and batch.tree_attention_layers == 1
@@ -45,8 +45,9 @@ def test_tree_attention_on_every_gpu_cache_layout(backend, layout):
 
     # The runtime layout check catches a cache that does not hold this step's keys.
     wrong = PagedKV(backend, step.caches, BS)
-    batch = TreeBatch(step.requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=step.block_table,
-                      kv=wrong)
+    batch = TreeBatch(
+        step.requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=step.block_table, kv=wrong
+    )
     if batch.needs_tree_attention:
         with pytest.raises(RuntimeError, match="KV cache layout"):
             attention.fix_draft_rows(step.impl, step.query, -step.step_keys, cache, out.view(tokens, -1), batch)
@@ -62,7 +63,7 @@ def test_move_slots_on_every_gpu_cache_layout(layout):
     move_slots(caches, "FLASH_ATTN", src, dst)
     for c, views_before in zip(caches, before):
         key_cache, value_cache = c.transpose(1, 2).split(D, dim=-1)  # read back as the backends do
-        for (view_before, cache_view) in zip(views_before, (key_cache, value_cache)):
+        for view_before, cache_view in zip(views_before, (key_cache, value_cache)):
             for s, d in zip(src.tolist(), dst.tolist()):
                 assert torch.equal(cache_view[d // BS, d % BS], view_before[s // BS, :, s % BS])
             assert torch.equal(cache_view[0, 5], view_before[0, :, 5])  # untouched

@@ -45,8 +45,9 @@ DIVISIBLE_BY_16 = {"q_tok", "q_head", "o_tok", "o_head", "c_block", "c_head", "k
 SHARED_LIMIT_KB = {90: 227, 80: 163}  # per block: H100 / H200, A100
 
 
-def compile_for(kernel, target: GPUTarget, pointers: dict[str, str], constants: dict, num_warps: int,
-                num_stages: int = 3):
+def compile_for(
+    kernel, target: GPUTarget, pointers: dict[str, str], constants: dict, num_warps: int, num_stages: int = 3
+):
     signature, attrs = {}, {}
     for i, p in enumerate(kernel.params):
         if p.name in pointers or p.name in DIVISIBLE_BY_16:
@@ -60,31 +61,68 @@ def compile_for(kernel, target: GPUTarget, pointers: dict[str, str], constants: 
         else:
             signature[p.name] = "i32"
     constexprs = {(kernel.arg_names.index(n),): v for n, v in constants.items()}
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
-                          target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=target,
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
 
 
 @pytest.mark.parametrize("arch", [90, 80])
-@pytest.mark.parametrize("dtype,head_size,split,causal,block_m,few_words", [
-    ("bf16", 128, True, False, 64, True), ("fp16", 64, False, False, 64, False), ("bf16", 256, True, True, 64, True),
-    ("fp32", 128, True, False, 64, True), ("bf16", 128, True, False, 128, True), ("bf16", 128, False, False, 128, False),
-    ("fp16", 128, False, False, 128, True), ("bf16", 128, True, False, 256, True),
-])
+@pytest.mark.parametrize(
+    "dtype,head_size,split,causal,block_m,few_words",
+    [
+        ("bf16", 128, True, False, 64, True),
+        ("fp16", 64, False, False, 64, False),
+        ("bf16", 256, True, True, 64, True),
+        ("fp32", 128, True, False, 64, True),
+        ("bf16", 128, True, False, 128, True),
+        ("bf16", 128, False, False, 128, False),
+        ("fp16", 128, False, False, 128, True),
+        ("bf16", 128, True, False, 256, True),
+    ],
+)
 def test_tree_attention_compiles(compiled_modules, arch, dtype, head_size, split, causal, block_m, few_words):
     """Every tile the plan chooses (and the sweep's 256 rows) compiles, its K/V loads pipelined,
     within the target's shared memory per block."""
     module = compiled_modules["tree_attention"]
     ptr = SIGNATURE_TYPES[dtype]
-    pointers = {"Q": ptr, "CACHE": ptr, "OUT": ptr, "BLOCK_TABLE": "*i32", "META": "*i32", "BITS": "*i32",
-                "PART_OUT": "*fp32", "PART_STATS": "*fp32", "COUNTERS": "*i32"}
+    pointers = {
+        "Q": ptr,
+        "CACHE": ptr,
+        "OUT": ptr,
+        "BLOCK_TABLE": "*i32",
+        "META": "*i32",
+        "BITS": "*i32",
+        "PART_OUT": "*fp32",
+        "PART_STATS": "*fp32",
+        "COUNTERS": "*i32",
+    }
     # the key tile and warps the plan takes for this query tile
     block_n = module.tree_attention_tiles(block_m, 1, 1, head_size, dtype != "fp32", few_words, 1, block_m=block_m)[1]
-    constants = dict(k_dim=1, v_dim=1, PAGE=16, GROUP=4, HEAD_DIM=head_size, BLOCK_D=head_size, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
-                     CAUSAL=causal, DOT_IEEE=dtype == "fp32", FEW_WORDS=few_words,
-                     MASK_ALL=False)
-    compiled = compile_for(module._tree_attention_kernel, GPUTarget("cuda", arch, 32), pointers, constants,
-                           num_warps=module.tile_warps(block_m, head_size))
-    assert compiled.asm["cubin"] and ".target sm_%d" % arch in compiled.asm["ptx"]
+    constants = dict(
+        k_dim=1,
+        v_dim=1,
+        PAGE=16,
+        GROUP=4,
+        HEAD_DIM=head_size,
+        BLOCK_D=head_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        SPLIT=split,
+        CAUSAL=causal,
+        DOT_IEEE=dtype == "fp32",
+        FEW_WORDS=few_words,
+        MASK_ALL=False,
+    )
+    compiled = compile_for(
+        module._tree_attention_kernel,
+        GPUTarget("cuda", arch, 32),
+        pointers,
+        constants,
+        num_warps=module.tile_warps(block_m, head_size),
+    )
+    assert compiled.asm["cubin"] and f".target sm_{arch}" in compiled.asm["ptx"]
     assert "cp.async" in compiled.asm["ptx"]  # the key loop's loads are pipelined
     assert compiled.metadata.shared <= SHARED_LIMIT_KB[arch] * 1024
 

@@ -1,9 +1,9 @@
-"""The KV views and slot moves of engine/kv.py against vLLM's own CPU cache-write op."""
+"""The KV views and slot moves of engine/step/kv.py against vLLM's own CPU cache-write op."""
 
 import pytest
 import torch
 
-from vllm_lookahead.engine.kv import gather_sequence, kv_views, move_slots
+from vllm_lookahead.engine.step.kv import gather_sequence, kv_views, move_slots
 
 ops = pytest.importorskip("vllm._custom_ops")
 
@@ -14,7 +14,9 @@ def _write(isa: str, block_size: int, num_blocks=4, heads=2, head_size=64, slots
     key = torch.randn(len(slots), heads, head_size)
     value = torch.randn(len(slots), heads, head_size)
     slot_t = torch.tensor([s % (num_blocks * block_size) for s in slots])
-    ops.cpu_attn_reshape_and_cache(key, value, k_cache, v_cache, slot_t, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+    ops.cpu_attn_reshape_and_cache(
+        key, value, k_cache, v_cache, slot_t, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+    )
     return cache, key, value, slot_t
 
 

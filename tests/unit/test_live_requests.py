@@ -1,11 +1,11 @@
-"""The worker's per-request records (engine/live_requests.py): one record per request, changed
+"""The worker's per-request records (engine/propose/live_requests.py): one record per request, changed
 only through the lifecycle operations."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_lookahead.engine.live_requests import LiveRequests
+from vllm_lookahead.engine.propose.live_requests import LiveRequests
 
 
 def test_a_request_lives_from_its_first_state_until_it_is_forgotten():

@@ -1,4 +1,4 @@
-"""The patch mechanism (engine/patching.py) and the patch table (engine/patches.py).
+"""The patch mechanism (engine/hooks/patching.py) and the patch table (engine/hooks/patches.py).
 
 Mechanism tests patch functions of this module; ``_vllm_root`` is pointed at this
 test folder so they count as "vLLM's own", and a function compiled under another
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.engine import patching
-from vllm_lookahead.engine.patching import AddedField, Patch, PatchError, PatchSet
+from vllm_lookahead.engine.hooks import patching
+from vllm_lookahead.engine.hooks.patching import AddedField, Patch, PatchError, PatchSet
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,7 +62,8 @@ def test_apply_keeps_the_original_logs_once_and_is_idempotent(caplog):
     assert Runner().step(1, 2) == ("la", ("step", 1, 2))  # wrapped once, not twice
     assert Runner.step.__wrapped__ is original and applied.original is original
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.DEBUG, f"vllm-lookahead: patched {STEP.target}: why the step changes")]
+        (logging.DEBUG, f"vllm-lookahead: patched {STEP.target}: why the step changes")
+    ]
 
 
 def test_a_patch_set_logs_one_line_for_what_it_installed(caplog):
@@ -75,7 +76,7 @@ def test_a_patch_set_logs_one_line_for_what_it_installed(caplog):
         PatchSet().apply([STEP]).undo()
     assert [r.getMessage() for r in caplog.records] == [
         "vllm-lookahead: patched 2 vLLM symbols (lookahead); VLLM_LOGGING_LEVEL=DEBUG logs each with its reason "
-        "(the plugin's table: python -m vllm_lookahead.engine.patches)",
+        "(the plugin's table: python -m vllm_lookahead.engine.hooks.patches)",
         f"vllm-lookahead: patched {STEP.target}: why the step changes",
     ]
 
@@ -91,7 +92,9 @@ def test_module_function_patch_and_undo():
 
 def test_a_changed_signature_is_refused_naming_the_symbol():
     bad = Patch(f"{__name__}:Runner.step", ("self", "scheduler_output"), "r", _wrap("la"))
-    with pytest.raises(PatchError, match=r"Runner\.step takes \(self, batch, budget\).*written for \(self, scheduler_output\)"):
+    with pytest.raises(
+        PatchError, match=r"Runner\.step takes \(self, batch, budget\).*written for \(self, scheduler_output\)"
+    ):
         patching.apply(bad)
     assert "step" in Runner.__dict__ and not hasattr(Runner.step, patching.MARK)
 
@@ -105,11 +108,18 @@ def test_another_plugins_replacement_is_refused():
     original = Runner.__dict__["step"]
     namespace: dict = {"functools": functools, "original": original}
     # functools.wraps copies name, module and __wrapped__ -- the code still lives elsewhere
-    exec(compile(
-        "@functools.wraps(original)\ndef step(self, batch, budget):\n    return original(self, batch, budget)\n",
-        "/opt/other_plugin/patches.py", "exec"), namespace)
+    exec(
+        compile(
+            "@functools.wraps(original)\ndef step(self, batch, budget):\n    return original(self, batch, budget)\n",
+            "/opt/other_plugin/patches.py",
+            "exec",
+        ),
+        namespace,
+    )
     Runner.step = namespace["step"]
-    with pytest.raises(PatchError, match=r"already been replaced by another plugin .*/opt/other_plugin/patches.py.*VLLM_PLUGINS"):
+    with pytest.raises(
+        PatchError, match=r"already been replaced by another plugin .*/opt/other_plugin/patches.py.*VLLM_PLUGINS"
+    ):
         patching.apply(STEP)
 
 
@@ -163,7 +173,8 @@ def test_an_added_field_is_declared_carried_and_undone(caplog):
     assert [f.name for f in dataclasses.fields(Stats)] == ["steps"]
     assert "note" not in vars(Stats) and "note" not in Stats.__annotations__
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG] == [
-        f"vllm-lookahead: declared {NOTE.target}: why a field"]
+        f"vllm-lookahead: declared {NOTE.target}: why a field"
+    ]
 
 
 def test_an_added_field_is_refused_where_it_cannot_be_declared_safely(monkeypatch):
@@ -190,7 +201,7 @@ def real_vllm_root(monkeypatch):
 
 
 def test_every_table_entry_matches_the_installed_vllm(real_vllm_root):
-    from vllm_lookahead.engine.patches import ATTENTION_PATCHES, PATCHES
+    from vllm_lookahead.engine.hooks.patches import ATTENTION_PATCHES, PATCHES
 
     checked = []
     for patch in (*PATCHES, *ATTENTION_PATCHES.values()):
@@ -206,7 +217,7 @@ def test_every_table_entry_matches_the_installed_vllm(real_vllm_root):
         checked.append(patch.target)
     assert len(checked) >= len(PATCHES) + 3
     # the benchmark's step timers are patches too (execute_model is under @torch.inference_mode())
-    from vllm_lookahead.bench.driver import RUNNER, TIMED_METHODS
+    from benchmarks.driver import RUNNER, TIMED_METHODS
 
     for key, (name, params) in TIMED_METHODS.items():
         timer = Patch(f"{RUNNER}.{name}", params, key, _wrap(key), tag="bench-timer")
@@ -222,7 +233,7 @@ def test_the_fields_are_declared_on_vllms_classes(real_vllm_root):
     from vllm.v1.metrics.stats import SchedulerStats
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-    from vllm_lookahead.engine.patches import FIELDS, INSTALLED
+    from vllm_lookahead.engine.hooks.patches import FIELDS, INSTALLED
 
     design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     for added in FIELDS:
@@ -241,7 +252,7 @@ def test_the_fields_are_declared_on_vllms_classes(real_vllm_root):
 def test_a_runner_subclass_overriding_a_patched_method_is_refused(real_vllm_root):
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_lookahead.engine import patches
+    from vllm_lookahead.engine.hooks import patches
 
     patches.install()  # idempotent; inert for engines without lookahead
     patches.check_runner_class(GPUModelRunner)
@@ -258,24 +269,32 @@ def test_a_runner_subclass_overriding_a_patched_method_is_refused(real_vllm_root
 
 
 def test_discarded_rows_cpu_generators_are_hidden_for_the_step_and_put_back():
-    """engine/seeded_prefill.py: the generator of a row whose sample vLLM discards is out of the
+    """engine/hooks/seeded_prefill.py: the generator of a row whose sample vLLM discards is out of the
     table while vLLM samples (so nothing is drawn from it and vLLM's CUDA-only rewind cannot run)."""
     from types import SimpleNamespace
 
     import numpy as np
     import torch
 
-    from vllm_lookahead.engine import seeded_prefill
+    from vllm_lookahead.engine.hooks import seeded_prefill
 
-    gens = {0: torch.Generator().manual_seed(1), 2: torch.Generator().manual_seed(2), 3: torch.Generator().manual_seed(3)}
+    gens = {
+        0: torch.Generator().manual_seed(1),
+        2: torch.Generator().manual_seed(2),
+        3: torch.Generator().manual_seed(3),
+    }
     state = {i: g.get_state().clone() for i, g in gens.items()}
-    runner = SimpleNamespace(input_batch=SimpleNamespace(generators=dict(gens), num_reqs=4),
-                             discard_request_mask=SimpleNamespace(np=np.array([True, True, False, True, True])))
+    runner = SimpleNamespace(
+        input_batch=SimpleNamespace(generators=dict(gens), num_reqs=4),
+        discard_request_mask=SimpleNamespace(np=np.array([True, True, False, True, True])),
+    )
     hidden = seeded_prefill.hide_discarded_generators(runner)
     assert set(hidden) == {0, 3} and set(runner.input_batch.generators) == {2}  # row 4 is past num_reqs
     seeded_prefill.restore_generators(runner, hidden)
     assert runner.input_batch.generators == gens
     assert all(torch.equal(g.get_state(), state[i]) for i, g in gens.items())
-    empty = SimpleNamespace(input_batch=SimpleNamespace(generators={}, num_reqs=1),
-                            discard_request_mask=SimpleNamespace(np=np.array([True])))
+    empty = SimpleNamespace(
+        input_batch=SimpleNamespace(generators={}, num_reqs=1),
+        discard_request_mask=SimpleNamespace(np=np.array([True])),
+    )
     assert seeded_prefill.hide_discarded_generators(empty) == {}

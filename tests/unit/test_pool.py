@@ -106,9 +106,7 @@ def snapshot(pool: NgramPool, vocab: int) -> tuple:
     max_keys=st.integers(1, 8),
     context=st.integers(1, 3),
 )
-def test_incremental_add_sequence_equals_full_recompute(
-    tokens, cuts, ngram_size, guess_set_size, max_keys, context
-):
+def test_incremental_add_sequence_equals_full_recompute(tokens, cuts, ngram_size, guess_set_size, max_keys, context):
     full = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
     full.add_sequence(tokens)
 
@@ -131,8 +129,9 @@ def test_incremental_add_sequence_equals_full_recompute(
     sources=st.lists(st.sampled_from(list(Source)), min_size=1, max_size=3),
     as_array=st.booleans(),
 )
-def test_add_sequence_equals_add_of_each_ngram(tokens, start, ngram_size, guess_set_size, max_keys, context,
-                                               sources, as_array):
+def test_add_sequence_equals_add_of_each_ngram(
+    tokens, start, ngram_size, guess_set_size, max_keys, context, sources, as_array
+):
     """The batched path stores exactly what one ``add`` per n-gram stores: keys and values in
     the same LRU order, with the same sources and counts (numpy input included)."""
     fast = NgramPool(ngram_size, guess_set_size, max_keys, context=context)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from vllm_lookahead.bench.projection import A100, H100, LLAMA_7B, forward_seconds, knee_tokens, projected_speedup
-
 from test_bench import _raw
+
+from benchmarks.projection import A100, H100, LLAMA_7B, forward_seconds, knee_tokens, projected_speedup
 
 
 def _ratio(gpu, tokens):
@@ -42,7 +41,7 @@ def _results_with_trees(tmp_path):
 
 
 def test_project_labels_itself_and_lists_only_speculative_batch1_rows(tmp_path):
-    from vllm_lookahead.bench.projection import project
+    from benchmarks.projection import project
 
     md = project(_results_with_trees(tmp_path))
     assert md.startswith("Projection, not a measurement")
@@ -56,20 +55,31 @@ def _cost_file(tmp_path, name, **extra):
 
     path = tmp_path / name
     # 10 ms flat up to 8 tokens, then +1 ms per token; 0.5 ms per tree row.
-    path.write_text(json.dumps({"tokens": [1, 8, 16], "seconds": [0.010, 0.010, 0.018],
-                                "tree_row_seconds": 0.0005, "tree_step_seconds": 0.0, **extra}))
+    path.write_text(
+        json.dumps(
+            {
+                "tokens": [1, 8, 16],
+                "seconds": [0.010, 0.010, 0.018],
+                "tree_row_seconds": 0.0005,
+                "tree_step_seconds": 0.0,
+                **extra,
+            }
+        )
+    )
     return path
 
 
 def test_measured_costs_price_the_same_rows_and_say_where_they_were_measured(tmp_path):
-    from vllm_lookahead.bench.projection import project_measured
+    from benchmarks.projection import project_measured
 
     results = _results_with_trees(tmp_path)
     b1 = _cost_file(tmp_path, "cost_b1.json", gpu="NVIDIA H100 80GB HBM3", batch=1, model="8B shape")
     plain = _cost_file(tmp_path, "plain.json")
     md = project_measured(results, [b1, plain])
-    assert md.startswith("Measured forward cost on NVIDIA H100 80GB HBM3, plain (8B shape; model not named), "
-                         "acceptance measured on the 135M model on CPU")
+    assert md.startswith(
+        "Measured forward cost on NVIDIA H100 80GB HBM3, plain (8B shape; model not named), "
+        "acceptance measured on the 135M model on CPU"
+    )
     assert "| NVIDIA H100 80GB HBM3, batch 1 | plain |" in md
     # MAT 2, 10 drafts per step -> 11 tokens: 10 + 3 ms, plus 10 tree rows x 0.5 ms = 18 ms vs 10 ms.
     row = next(line for line in md.splitlines() if line.startswith("| lookahead"))
@@ -79,7 +89,7 @@ def test_measured_costs_price_the_same_rows_and_say_where_they_were_measured(tmp
 def test_bench_project_cost_option_uses_the_files(tmp_path, capsys):
     import argparse
 
-    from vllm_lookahead.bench import cli
+    from benchmarks import cli
 
     results = _results_with_trees(tmp_path)
     cost = _cost_file(tmp_path, "cost_b4.json", gpu="GPU X", batch=4)

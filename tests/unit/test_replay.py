@@ -1,4 +1,4 @@
-"""Replaying recorded greedy outputs through drafters (bench/replay.py)."""
+"""Replaying recorded greedy outputs through drafters (benchmarks/replay.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.bench.replay import LookaheadCandidates, accepted_by, measured_cost, replay, replay_cost
+from benchmarks.replay import LookaheadCandidates, accepted_by, measured_cost, replay, replay_cost
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core.tree import TreeBuilder
 
@@ -52,7 +52,7 @@ def test_replay_without_drafts_is_one_token_per_forward():
 
 
 def test_replay_times_each_step_under_the_cost_model_and_the_rule_uses_it():
-    from vllm_lookahead.bench.replay import tree_rows
+    from benchmarks.replay import tree_rows
     from vllm_lookahead.core.step_cost import StepCost
     from vllm_lookahead.core.tree import TreeBuilder
 
@@ -76,7 +76,7 @@ def test_suffix_replay_drafts_from_the_prompt_and_from_earlier_responses():
     import pytest
 
     pytest.importorskip("arctic_inference")
-    from vllm_lookahead.bench.replay import SuffixDecoding
+    from benchmarks.replay import SuffixDecoding
 
     suffix = SuffixDecoding({"method": "suffix"})
     loop = [7, 8, 9, 10, 11, 12]
@@ -91,7 +91,7 @@ def test_suffix_replay_drafts_from_the_prompt_and_from_earlier_responses():
 
 
 def test_replayed_shared_pool_drafts_a_new_request_from_an_earlier_output():
-    from vllm_lookahead.bench.replay import _lookahead_engine
+    from benchmarks.replay import _lookahead_engine
 
     loop = [7, 8, 9, 10, 11, 12]
     for shared, most_steps in ((False, 8), (True, 4)):
@@ -104,17 +104,29 @@ def test_replayed_shared_pool_drafts_a_new_request_from_an_earlier_output():
 
 
 def test_measured_cost_is_the_recordings_batch1_step_time_per_size():
-    timers = lambda sizes: {**{f"forward{n}_s": s * c for n, (s, c) in sizes.items()},
-                            **{f"forward{n}_calls": float(c) for n, (s, c) in sizes.items()}}
-    workloads = [{"name": "code", "concurrency": 1}, {"name": "qa", "concurrency": 1},
-                 {"name": "code@c4", "concurrency": 4}]
-    raw = {"workloads": workloads, "methods": [
-        {"runs": {"code": [{"timers": timers({1: (0.030, 100)})}, {"timers": timers({1: (0.034, 100)})}]}},
-        {"runs": {"code": [{"timers": {**timers({1: (0.036, 50), 5: (0.045, 40), 9: (0.2, 3)}), "step_s": 9.0}}],
-                  # several requests per forward: not batch-1 steps
-                  "code@c4": [{"timers": timers({5: (0.5, 100), 12: (0.060, 100)})}]}},
-        {"runs": {"qa": [{"timers": timers({5: (0.050, 60)})}]}},  # a tree method: dearer at the same size
-    ]}
+    timers = lambda sizes: {
+        **{f"forward{n}_s": s * c for n, (s, c) in sizes.items()},
+        **{f"forward{n}_calls": float(c) for n, (s, c) in sizes.items()},
+    }
+    workloads = [
+        {"name": "code", "concurrency": 1},
+        {"name": "qa", "concurrency": 1},
+        {"name": "code@c4", "concurrency": 4},
+    ]
+    raw = {
+        "workloads": workloads,
+        "methods": [
+            {"runs": {"code": [{"timers": timers({1: (0.030, 100)})}, {"timers": timers({1: (0.034, 100)})}]}},
+            {
+                "runs": {
+                    "code": [{"timers": {**timers({1: (0.036, 50), 5: (0.045, 40), 9: (0.2, 3)}), "step_s": 9.0}}],
+                    # several requests per forward: not batch-1 steps
+                    "code@c4": [{"timers": timers({5: (0.5, 100), 12: (0.060, 100)})}],
+                }
+            },
+            {"runs": {"qa": [{"timers": timers({5: (0.050, 60)})}]}},  # a tree method: dearer at the same size
+        ],
+    }
     cost = measured_cost(raw)
     assert cost.tokens == (1, 5)  # size 9 was seen 3 times only; size 12 only at 4 in flight
     assert cost.seconds[0] == pytest.approx(0.032)  # a method's runs pooled; the cheapest method per size

@@ -9,14 +9,16 @@ output equals plain greedy decoding of the oracle, whatever the parameters.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support import make_config
+from support.drafting import draft_one
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import (
     DraftTree,
@@ -28,7 +30,6 @@ from vllm_lookahead.core import (
 from vllm_lookahead.core.draft_rule import LeadEvidence
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.step_cost import StepCost
-from vllm_lookahead.testing.drafting import draft_one
 
 Oracle = Callable[[Sequence[int]], int]
 CONTEXT = 8  # oracles below look at most this many tokens back
@@ -141,9 +142,9 @@ def check_sources(draft: StepDraft, params: LookaheadConfig) -> None:
     else:
         assert params.window_size > 0 and draft.window_nodes.size == params.window_size
         assert (sources[draft.window_start :] == Source.WINDOW).all()
-    if not params.pool_from_prompt:
+    if not params.ablation.pool_from_prompt:
         assert Source.PROMPT not in sources
-    if not params.pool_from_output:
+    if not params.ablation.pool_from_output:
         assert Source.OUTPUT not in sources
 
 
@@ -153,7 +154,7 @@ PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 8, 7, 1]
 @pytest.mark.parametrize("shift", ["one", "accepted"])
 @pytest.mark.parametrize("merge", [False, True])
 def test_periodic_sequence_accepts_many_tokens_per_step(shift, merge):
-    params = LookaheadConfig(window_shift=shift, merge_candidates=merge)
+    params = make_config(window_shift=shift, merge_candidates=merge)
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
     output, lookahead, run = simulate(params, prompt, oracle, 120)
@@ -163,7 +164,7 @@ def test_periodic_sequence_accepts_many_tokens_per_step(shift, merge):
 
 
 def test_window_alone_discovers_ngrams():
-    params = LookaheadConfig(pool_from_prompt=False, pool_from_output=False)
+    params = make_config(pool_from_prompt=False, pool_from_output=False)
     oracle = periodic_oracle(PERIOD)
     prompt = [3, 1]  # only the entry of the cycle: nothing to copy from
     output, lookahead, run = simulate(params, prompt, oracle, 150, seed=5)
@@ -176,21 +177,26 @@ def test_lookahead_beats_one_token_per_step_on_a_random_model():
     """A 2-token-context table model falls into a cycle the pool then learns."""
     oracle = table_oracle(vocab=6, seed=1)
     prompt = [0, 1, 2]
-    output, lookahead, run = simulate(LookaheadConfig(), prompt, oracle, 200)
+    output, lookahead, run = simulate(make_config(), prompt, oracle, 200)
     assert output == greedy_reference(oracle, prompt, 200)
     assert run.tokens_per_step > 2.0
 
 
-@pytest.mark.parametrize("cost,fast", [
-    (StepCost.linear(0.02, 0.0), True), (StepCost.linear(0.02, 0.0005), True),
-    (StepCost((1, 256), (0.010, 5.0)), False),  # a token costs twice the one-token step
-], ids=["free", "cheap", "dear"])
+@pytest.mark.parametrize(
+    "cost,fast",
+    [
+        (StepCost.linear(0.02, 0.0), True),
+        (StepCost.linear(0.02, 0.0005), True),
+        (StepCost((1, 256), (0.010, 5.0)), False),  # a token costs twice the one-token step
+    ],
+    ids=["free", "cheap", "dear"],
+)
 def test_the_draft_rule_drafts_what_pays(cost, fast):
     """The default (``"auto"``): under free or cheap tokens the rule drafts the cycle the prompt
     shows; when no token can pay, nothing is drafted."""
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
-    output, _, run = simulate(LookaheadConfig(), prompt, oracle, 120, cost=cost)
+    output, _, run = simulate(make_config(), prompt, oracle, 120, cost=cost)
     assert output == greedy_reference(oracle, prompt, 120)
     assert run.tokens_per_step > 3.0 if fast else run.drafted == 0
 
@@ -198,14 +204,14 @@ def test_the_draft_rule_drafts_what_pays(cost, fast):
 def test_running_only_the_root_degrades_to_plain_decoding():
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
-    output, lookahead, run = simulate(LookaheadConfig(), prompt, oracle, 40, choose_run=lambda d: 1)
+    output, lookahead, run = simulate(make_config(), prompt, oracle, 40, choose_run=lambda d: 1)
     assert output == greedy_reference(oracle, prompt, 40)
     assert run.tokens_per_step == 1.0
     assert run.drafted == 0
 
 
 def test_truncation_to_the_verification_branch_still_accepts():
-    params = LookaheadConfig()
+    params = make_config()
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
 
@@ -240,7 +246,7 @@ def test_lossless_for_any_parameters_and_truncation(
 ):
     """Whatever is drafted (full trees, or the draft rule's plan under a cost model: tokens free to
     as dear as the step itself) and whatever prefix of it runs, the output is greedy decoding's."""
-    params = LookaheadConfig(
+    params = make_config(
         window_size=width,
         ngram_size=ngram,
         guess_set_size=guess if width else max(guess, 1),  # W = G = 0 is refused
@@ -267,8 +273,7 @@ def test_lossless_for_any_parameters_and_truncation(
 
 
 def test_propose_puts_candidates_first_then_the_window():
-    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False,
-                             merge_candidates=False)
+    params = make_config(window_size=3, ngram_size=3, guess_set_size=2, pool_from_prompt=False, merge_candidates=False)
     lookahead = RequestLookahead(params, [9, 9], seed=0)
     lookahead.text.pool.add((5, 1, 2))
     lookahead.text.pool.add((5, 1, 3))
@@ -286,8 +291,7 @@ def test_propose_puts_candidates_first_then_the_window():
     assert draft.window_nodes.tolist() == [0, 5, 6]
 
     merged = RequestLookahead(
-        LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=2, merge_candidates=True,
-                        pool_from_prompt=False),
+        make_config(window_size=3, ngram_size=3, guess_set_size=2, merge_candidates=True, pool_from_prompt=False),
         [9, 9],
         seed=0,
     )
@@ -299,7 +303,7 @@ def test_propose_puts_candidates_first_then_the_window():
 
 
 def test_request_without_candidates_still_gets_the_window():
-    lookahead = RequestLookahead(LookaheadConfig(window_size=4, ngram_size=3), [1, 2], seed=0)
+    lookahead = RequestLookahead(make_config(window_size=4, ngram_size=3), [1, 2], seed=0)
     draft = draft_one(lookahead, 77)
     assert draft.num_candidates == 0
     assert draft.tree.size == 4
@@ -307,12 +311,13 @@ def test_request_without_candidates_still_gets_the_window():
 
 
 def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
-    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False, max_lead_tokens=0,
-                             merge_candidates=False)
+    params = make_config(
+        window_size=3, ngram_size=4, guess_set_size=2, pool_from_prompt=False, max_lead_tokens=0, merge_candidates=False
+    )
     assert params.max_draft_tokens == (3 * 3 - 1) + 2 * 3
-    assert LookaheadConfig(max_lead_tokens=0).max_draft_tokens == (7 * 4 - 1) + 7 * 4
-    assert LookaheadConfig().max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32  # the lead may grow to 32
-    assert LookaheadConfig(guess_set_size=0).max_draft_tokens == 7 * 4 - 1
+    assert make_config(max_lead_tokens=0).max_draft_tokens == (7 * 4 - 1) + 7 * 4
+    assert make_config().max_draft_tokens == (7 * 4 - 1) + 6 * 4 + 32  # the lead may grow to 32
+    assert make_config(guess_set_size=0).max_draft_tokens == 7 * 4 - 1
     lookahead = RequestLookahead(params, [1, 2, 3], seed=0)
     while not lookahead.window.full:
         lookahead.window.update(np.array([1, 2, 3]), 0, [])
@@ -323,7 +328,7 @@ def test_max_draft_tokens_is_reached_by_a_full_window_and_full_pool():
 
 
 def test_observe_learns_output_ngrams_incrementally():
-    params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
+    params = make_config(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [1, 2], seed=0)
     draft = draft_one(lookahead, 2)
     argmax = np.array([8])
@@ -334,8 +339,7 @@ def test_observe_learns_output_ngrams_incrementally():
     assert (8, 9) in lookahead.text.pool.get(2, 5)
 
     silent = RequestLookahead(
-        LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False,
-                        pool_from_output=False),
+        make_config(window_size=1, ngram_size=3, guess_set_size=5, pool_from_prompt=False, pool_from_output=False),
         [1, 2],
         seed=0,
     )
@@ -344,7 +348,7 @@ def test_observe_learns_output_ngrams_incrementally():
 
 
 def test_observe_shifts_the_window_by_the_accepted_draft_count():
-    params = LookaheadConfig(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
+    params = make_config(window_size=4, ngram_size=3, guess_set_size=0, window_shift="accepted")
     lookahead = RequestLookahead(params, [1, 2], seed=0)
     lookahead.window.levels = [np.array([0, 1, 2, 3]), np.array([10, 11, 12, 13])]
     draft = draft_one(lookahead, 50)
@@ -380,7 +384,7 @@ class TailOnlyHistory(Sequence[int]):
 
 
 def test_observe_only_reads_the_tail_of_the_history():
-    params = LookaheadConfig(window_size=2, ngram_size=4, guess_set_size=2)
+    params = make_config(window_size=2, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, list(range(50)), seed=0)
     draft = draft_one(lookahead, 7)
     history = TailOnlyHistory(list(range(1000)) + [7, 8, 9])
@@ -392,7 +396,7 @@ def test_observe_only_reads_the_tail_of_the_history():
 
 def test_reset_keeps_the_pool_and_rewinds_the_window():
     oracle = periodic_oracle(PERIOD)
-    _, lookahead, _ = simulate(LookaheadConfig(ngram_size=4), PERIOD, oracle, 30)
+    _, lookahead, _ = simulate(make_config(ngram_size=4), PERIOD, oracle, 30)
     pool_size = len(lookahead.text.pool)
     assert lookahead.window.full
     lookahead.reset([4, 4])
@@ -402,7 +406,7 @@ def test_reset_keeps_the_pool_and_rewinds_the_window():
 
 
 def test_observe_validates_its_inputs():
-    lookahead = RequestLookahead(LookaheadConfig(window_size=2, ngram_size=3), [1, 2], seed=0)
+    lookahead = RequestLookahead(make_config(window_size=2, ngram_size=3), [1, 2], seed=0)
     draft = draft_one(lookahead, 2)
     with pytest.raises(ValueError):
         lookahead.observe(draft, 0, np.zeros(0), [1], [1, 2, 1])
@@ -426,8 +430,11 @@ def test_observe_validates_its_inputs():
     lead=st.integers(0, 20),
 )
 def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed, lead):
-    params = LookaheadConfig(
-        window_size=w, ngram_size=n, guess_set_size=g if w else max(g, 1), lookup_context=context,
+    params = make_config(
+        window_size=w,
+        ngram_size=n,
+        guess_set_size=g if w else max(g, 1),
+        lookup_context=context,
         max_lead_tokens=lead,
     )
     oracle = table_oracle(vocab=7, seed=seed)
@@ -437,7 +444,7 @@ def test_budgeted_context_lookahead_is_lossless(w, n, g, context, budgets, seed,
 
 
 def test_window_left_out_when_it_does_not_fit_and_waits():
-    params = LookaheadConfig(window_size=4, ngram_size=4, guess_set_size=2)
+    params = make_config(window_size=4, ngram_size=4, guess_set_size=2)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6], seed=0)
     before = [level.copy() for level in lookahead.window.levels]
     draft = draft_one(lookahead, 6, [6], budget=lookahead.window_tokens - 1)
@@ -449,7 +456,7 @@ def test_window_left_out_when_it_does_not_fit_and_waits():
 
 
 def test_candidates_fill_the_budget_in_order_before_the_window():
-    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    params = make_config(window_size=3, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.text.pool.add(ngram)
@@ -463,8 +470,8 @@ def test_candidates_fill_the_budget_in_order_before_the_window():
 def test_longer_context_candidates_come_first():
     # After "9 5" the text continued "1 1"; after "8 5" it continued "2 2" (more recently).
     prompt = [9, 5, 1, 1, 0, 8, 5, 2, 2]
-    one = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
-    two = RequestLookahead(LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
+    one = RequestLookahead(make_config(ngram_size=3, guess_set_size=2, lookup_context=1), prompt, seed=0)
+    two = RequestLookahead(make_config(ngram_size=3, guess_set_size=2, lookup_context=2), prompt, seed=0)
     assert one.text.candidates([9, 5]) == [(2, 2), (1, 1)]  # by the last token only: most recent first
     assert two.text.candidates([9, 5]) == [(1, 1), (2, 2)]  # "9 5" matched first
     assert two.text.candidates([8, 5]) == [(2, 2), (1, 1)]
@@ -472,7 +479,7 @@ def test_longer_context_candidates_come_first():
 
 
 def test_context_pools_learn_output_incrementally():
-    params = LookaheadConfig(ngram_size=3, guess_set_size=4, lookup_context=3, pool_from_prompt=False)
+    params = make_config(ngram_size=3, guess_set_size=4, lookup_context=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     text = [4, 5, 6, 7, 4, 5, 6, 8]
     for end in range(1, len(text) + 1):
@@ -483,7 +490,7 @@ def test_context_pools_learn_output_incrementally():
 
 
 def test_recent_shorter_than_the_lookup_context_is_used_whole():
-    params = LookaheadConfig(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
+    params = make_config(ngram_size=3, guess_set_size=2, lookup_context=3, pool_from_prompt=True)
     lookahead = RequestLookahead(params, [8, 5, 1, 1, 0, 9, 5, 2, 2], seed=0)
     # two tokens of context (the request has just started): "8 5" must still rank first
     draft = draft_one(lookahead, 5, [8, 5], budget=2)
@@ -508,7 +515,7 @@ class _CountingHistory:
 @pytest.mark.parametrize("length", [50, 200_000])
 def test_per_step_work_does_not_grow_with_history_or_pool(length):
     """observe/catch_up read only the tail of the history; drafting reads only the last tokens."""
-    params = LookaheadConfig(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
+    params = make_config(window_size=3, ngram_size=4, guess_set_size=3, lookup_context=3)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 500, size=length).tolist()
     lookahead = RequestLookahead(params, prompt, seed=0)  # a pool holding up to `length` n-grams
@@ -539,7 +546,7 @@ def _pool_tables(lookahead: RequestLookahead) -> list[dict]:
 )
 def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts, context, from_prompt):
     """A request whose learning was skipped for a while (full batch) ends with the same pools."""
-    params = LookaheadConfig(ngram_size=3, guess_set_size=3, lookup_context=context, pool_from_prompt=from_prompt)
+    params = make_config(ngram_size=3, guess_set_size=3, lookup_context=context, pool_from_prompt=from_prompt)
     prompt = [1, 2, 3, 1, 2]
     every = RequestLookahead(params, prompt, seed=0)
     bursts = RequestLookahead(params, prompt, seed=0)
@@ -556,7 +563,7 @@ def test_catching_up_in_bursts_learns_what_learning_every_token_does(text, cuts,
 
 
 def test_catch_up_reads_only_the_unseen_tail():
-    params = LookaheadConfig(ngram_size=4, guess_set_size=2, lookup_context=3)
+    params = make_config(ngram_size=4, guess_set_size=2, lookup_context=3)
     lookahead = RequestLookahead(params, list(range(100)), seed=0)
     history = _CountingHistory(list(range(100)) + [5] * 30)
     lookahead.catch_up(history)
@@ -566,7 +573,7 @@ def test_catch_up_reads_only_the_unseen_tail():
 def test_lead_candidate_grows_by_looking_up_its_own_text():
     # The prompt says "1 2 3 4 5 6 7 8 9" once; with N = 3 each candidate is 2 tokens,
     # and the lead may grow to 6 by asking the pools again after what it drafted.
-    params = LookaheadConfig(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
+    params = make_config(window_size=1, ngram_size=3, guess_set_size=2, lookup_context=2, max_lead_tokens=6)
     lookahead = RequestLookahead(params, [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], seed=0)
     assert lookahead.text.lead_candidate((2, 3), [0, 1], 6) == (2, 3, 4, 5, 6, 7)
     assert lookahead.text.lead_candidate((2, 3), [0, 1], 1) == (2,)
@@ -575,8 +582,9 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
     # Under the draft rule the lead is offered whole (the rule cuts it where its tokens stop paying).
     assert lookahead.step_candidates(1, [0, 1]).lead == (2, 3, 4, 5, 6, 7)
     # Under a fixed cap it starts at N - 1 and doubles while accepted in full.
-    lookahead = RequestLookahead(params.model_copy(update={"max_tokens_per_step": 0}), [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1],
-                                 seed=0)
+    lookahead = RequestLookahead(
+        params.model_copy(update={"max_tokens_per_step": 0}), [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1], seed=0
+    )
     history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
     lengths = []
     for _ in range(3):
@@ -595,7 +603,7 @@ def test_lead_candidate_grows_by_looking_up_its_own_text():
 
 
 def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
-    params = LookaheadConfig(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
+    params = make_config(window_size=1, ngram_size=4, guess_set_size=3, pool_from_prompt=False, max_lead_tokens=8)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2, 3), (5, 4, 4, 4)):
         lookahead.text.pool.add(ngram)
@@ -608,7 +616,7 @@ def test_lead_candidate_is_cut_to_the_budget_and_others_are_whole():
 
 
 def test_max_candidates_one_without_window_is_a_chain():
-    params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
+    params = make_config(window_size=2, ngram_size=3, guess_set_size=3, pool_from_prompt=False)
     lookahead = RequestLookahead(params, [], seed=0)
     for ngram in ((5, 1, 2), (5, 3, 4), (5, 6, 7)):
         lookahead.text.pool.add(ngram)
@@ -621,7 +629,7 @@ def test_max_candidates_one_without_window_is_a_chain():
 def test_step_candidates_carry_the_leads_evidence():
     # "5 6 7" is followed by 8 twice in the prompt: found after three tokens, support 2;
     # after "0 9" only the one-token pool knows 9 (followed by 1 once).
-    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=3)
+    params = make_config(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=3)
     prompt = [5, 6, 7, 8, 1, 5, 6, 7, 8, 2, 9, 1, 4]
     state = RequestLookahead(params, prompt, seed=0)
     cands = state.step_candidates(7, [5, 6, 7])
@@ -634,13 +642,13 @@ def test_step_candidates_carry_the_leads_evidence():
 
 
 def test_a_lead_from_the_shared_pool_is_believed_less_than_the_same_evidence_in_own_text():
-    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=2, shared_pool=True)
-    shared = SharedPools.for_params(params)
+    params = make_config(window_size=0, ngram_size=3, guess_set_size=3, lookup_context=2, shared_pool=True)
+    shared = SharedPools.for_config(params)
     other = RequestLookahead(params, [0], seed=0, shared=shared)
     other.catch_up([0, 5, 6, 7, 8, 3, 3])  # another request's output: "5 6 7 8 3 3"
     state = RequestLookahead(params, [1, 2, 5, 6, 9, 4], seed=0, shared=shared)
-    own = state.step_candidates(6, [5, 6])      # "5 6" -> 9 in its own prompt
-    theirs = state.step_candidates(7, [6, 7])   # "6 7" -> 8 only in the other request's output
+    own = state.step_candidates(6, [5, 6])  # "5 6" -> 9 in its own prompt
+    theirs = state.step_candidates(7, [6, 7])  # "6 7" -> 8 only in the other request's output
     assert own.lead[0] == 9 and own.lead_evidence == LeadEvidence(2, 1)
     assert theirs.lead[0] == 8 and theirs.lead_evidence == LeadEvidence(2, 1, shared=True)
     conf = state.acceptance.lead
@@ -653,7 +661,7 @@ def test_a_draft_of_nothing_is_the_root_alone_with_its_shadow_token(window_size,
     """What ``build`` gives when the plan drafts nothing (made without a tree builder): the root
     alone; a first-level window's column 0 (the root itself) kept as the builder would place it;
     the lead's first token as the shadow token, checked against the next emitted token."""
-    params = LookaheadConfig(window_size=window_size, ngram_size=3, guess_set_size=2, lookup_context=2)
+    params = make_config(window_size=window_size, ngram_size=3, guess_set_size=2, lookup_context=2)
     state = RequestLookahead(params, [5, 6, 7, 5, 6], seed=0)
     for _ in range(levels - 1):
         state.window.update(np.array([1, 2, 3, 4]), 0, [])

@@ -1,4 +1,4 @@
-"""Per-request lookahead settings in ``SamplingParams.extra_args`` (engine/request_overrides.py):
+"""Per-request lookahead settings in ``SamplingParams.extra_args`` (engine/propose/request_overrides.py):
 parsing, errors that name the key, the keys a request may not set, the front-end check vLLM's
 input processor runs, and the worker building each request's state from them."""
 
@@ -15,10 +15,9 @@ pytest.importorskip("vllm")
 from vllm import SamplingParams  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 
-from vllm_lookahead.config import LookaheadConfig, field_range  # noqa: E402
-from vllm_lookahead.engine import eligibility, request_overrides  # noqa: E402
-from vllm_lookahead.engine.request_overrides import (  # noqa: E402
-    AT_MOST_ENGINE,
+from vllm_lookahead.config import USER_KEYS, LookaheadConfig, field_range  # noqa: E402
+from vllm_lookahead.engine.propose import eligibility, request_overrides  # noqa: E402
+from vllm_lookahead.engine.propose.request_overrides import (  # noqa: E402
     PER_ENGINE,
     PER_REQUEST,
     RequestOverrideError,
@@ -43,10 +42,9 @@ def _refused(extra: dict, engine: LookaheadConfig = ENGINE) -> RequestOverrideEr
 
 
 def test_every_config_key_is_either_per_request_or_per_engine():
-    fields = set(LookaheadConfig.model_fields)
-    assert set(PER_REQUEST) | set(PER_ENGINE) == fields
+    assert set(PER_REQUEST) | set(PER_ENGINE) == set(USER_KEYS)
     assert not set(PER_REQUEST) & set(PER_ENGINE)
-    assert set(AT_MOST_ENGINE) <= set(PER_REQUEST)
+    assert PER_REQUEST == ("window_size", "guess_set_size", "max_lead_tokens")  # the three size limits
 
 
 def test_requests_without_lookahead_keys_have_no_settings():
@@ -58,8 +56,20 @@ def test_requests_without_lookahead_keys_have_no_settings():
 # -- "lookahead": on / off --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value,enabled", [("off", False), ("OFF", False), (" Off ", False), (False, False),
-                                           (0, False), ("on", True), ("On", True), (True, True), (1, True)])
+@pytest.mark.parametrize(
+    "value,enabled",
+    [
+        ("off", False),
+        ("OFF", False),
+        (" Off ", False),
+        (False, False),
+        (0, False),
+        ("on", True),
+        ("On", True),
+        (True, True),
+        (1, True),
+    ],
+)
 def test_the_switch(value, enabled):
     settings = parse({"lookahead": value}, ENGINE)
     assert settings.enabled is enabled and settings.config == ENGINE and settings.keys == ()
@@ -75,7 +85,7 @@ def test_a_bad_switch_value_names_the_key(value):
 
 def test_off_is_a_reason_not_to_draft_with_its_own_metric_label():
     reason = eligibility.draft_blocker(SamplingParams(temperature=0.7, extra_args={"lookahead": "off"}))
-    assert reason is not None and eligibility.reason_label(reason) == "request"
+    assert reason is eligibility.Undrafted.REQUEST and reason.label == "request" and reason.client_choice
     assert "request" in eligibility.UNDRAFTED_REASONS
     assert eligibility.draft_blocker(SamplingParams(extra_args={"lookahead": "on"})) is None
     assert eligibility.draft_blocker(SamplingParams(extra_args={"other": "off"})) is None
@@ -85,36 +95,31 @@ def test_off_is_a_reason_not_to_draft_with_its_own_metric_label():
 
 
 def test_keys_replace_the_engines_values():
-    settings = parse({"lookahead_window_size": 0, "lookahead_max_lead_tokens": 8, "lookahead_guess_set_size": 3,
-                      "lookahead_pool_from_prompt": False, "lookahead_pool_from_output": 0,  # JSON false over HTTP
-                      "lookahead_window_shift": "accepted", "lookahead_merge_candidates": False,
-                      "lookahead_shared_pool": False, "lookahead_seed": 5, "other": 1}, ENGINE)
+    settings = parse(
+        {"lookahead_window_size": 0, "lookahead_max_lead_tokens": 8, "lookahead_guess_set_size": 3, "other": 1}, ENGINE
+    )
     cfg = settings.config
     assert settings.enabled
-    assert (cfg.window_size, cfg.max_lead_tokens, cfg.guess_set_size, cfg.seed) == (0, 8, 3, 5)
-    assert cfg.pool_from_prompt is False and cfg.pool_from_output is False and cfg.merge_candidates is False
-    assert cfg.window_shift == "accepted" and cfg.shared_pool is False
+    assert (cfg.window_size, cfg.max_lead_tokens, cfg.guess_set_size) == (0, 8, 3)
     # the per-engine keys stay the engine's
     assert (cfg.ngram_size, cfg.lookup_context, cfg.max_pool_keys, cfg.max_tokens_per_step) == (5, 3, 65536, "auto")
-    assert set(settings.keys) == {"window_size", "max_lead_tokens", "guess_set_size", "pool_from_prompt",
-                                  "pool_from_output", "window_shift", "merge_candidates", "shared_pool", "seed"}
-    assert parse({"lookahead_pool_from_prompt": 1}, ENGINE).config.pool_from_prompt is True
+    assert cfg.shared_pool is False and cfg.ablation == ENGINE.ablation
+    assert set(settings.keys) == {"window_size", "max_lead_tokens", "guess_set_size"}
 
 
-@pytest.mark.parametrize("key,value", [
-    ("lookahead_max_lead_tokens", -3),
-    ("lookahead_max_lead_tokens", 257),
-    ("lookahead_window_size", 65),
-    ("lookahead_window_size", -1),
-    ("lookahead_window_size", 2.5),
-    ("lookahead_window_size", "3"),
-    ("lookahead_window_size", True),
-    ("lookahead_guess_set_size", [1, 2]),
-    ("lookahead_seed", -1),
-    ("lookahead_window_shift", "two"),
-    ("lookahead_pool_from_prompt", "maybe"),
-    ("lookahead_pool_from_output", 2),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("lookahead_max_lead_tokens", -3),
+        ("lookahead_max_lead_tokens", 257),
+        ("lookahead_window_size", 65),
+        ("lookahead_window_size", -1),
+        ("lookahead_window_size", 2.5),
+        ("lookahead_window_size", "3"),
+        ("lookahead_window_size", True),
+        ("lookahead_guess_set_size", [1, 2]),
+    ],
+)
 def test_a_bad_value_names_the_key_and_the_range_of_the_config_model(key, value):
     err = _refused({key: value})
     name = key.removeprefix("lookahead_")
@@ -132,6 +137,8 @@ def test_unknown_keys_are_errors():
     assert err.parameter == "lookahead_windowsize" and "unknown lookahead key 'lookahead_windowsize'" in str(err)
     assert "lookahead_window_size" in str(err)  # the valid keys are listed
     assert _refused({"lookahead_method": "ngram"}).parameter == "lookahead_method"
+    for removed in ("lookahead_pool_from_prompt", "lookahead_merge_candidates", "lookahead_seed"):  # not user keys
+        assert "unknown lookahead key" in str(_refused({removed: False}))
 
 
 @pytest.mark.parametrize("name", sorted(PER_ENGINE))
@@ -142,7 +149,7 @@ def test_per_engine_keys_are_refused_saying_so(name):
     assert f"{name} is set for the whole engine at start" in str(err) and PER_ENGINE[name] in str(err)
 
 
-@pytest.mark.parametrize("name", AT_MOST_ENGINE)
+@pytest.mark.parametrize("name", PER_REQUEST)
 def test_sizes_may_be_lowered_not_raised(name):
     engine = LookaheadConfig(window_size=3, guess_set_size=4, max_lead_tokens=8)
     limit = getattr(engine, name)
@@ -163,16 +170,6 @@ def test_a_request_may_drop_the_window_but_not_draft_nothing():
     assert _refused({"lookahead_window_size": 0}, window_only).parameter == "lookahead_window_size"
 
 
-def test_the_shared_pool_can_be_turned_off_not_on():
-    shared = LookaheadConfig(shared_pool=True)
-    assert parse({"lookahead_shared_pool": False}, shared).config.shared_pool is False
-    assert parse({"lookahead_shared_pool": True}, shared).config.shared_pool is True
-    assert parse({"lookahead_shared_pool": False}, ENGINE).config.shared_pool is False  # nothing to turn off
-    err = _refused({"lookahead_shared_pool": True})
-    assert err.parameter == "lookahead_shared_pool" and "started without a shared pool" in str(err)
-    assert _refused({"lookahead_shared_pool": 1}).parameter == "lookahead_shared_pool"  # JSON true over HTTP
-
-
 def test_keys_are_validated_when_the_request_turns_lookahead_off():
     assert parse({"lookahead": "off", "lookahead_window_size": 2}, ENGINE).enabled is False
     assert _refused({"lookahead": "off", "lookahead_max_lead_tokens": -3}).parameter == "lookahead_max_lead_tokens"
@@ -183,7 +180,7 @@ def test_keys_are_validated_when_the_request_turns_lookahead_off():
 
 def _vllm_config(spec: dict | None):
     """The parts of a VllmConfig the front-end check reads (as startup.translate leaves them)."""
-    from vllm_lookahead.engine.startup import translate
+    from vllm_lookahead.engine.hooks.startup import translate
 
     if spec is None:
         return SimpleNamespace(speculative_config=None, additional_config={})
@@ -202,14 +199,16 @@ def test_the_front_end_checks_against_the_engines_config():
         check_request(small, SamplingParams(extra_args={"lookahead_max_lead_tokens": -3}))
     # an engine without lookahead leaves the keys alone, as vLLM leaves extra_args nobody reads
     check_request(_vllm_config(None), SamplingParams(extra_args={"lookahead_max_lead_tokens": -3}))
-    check_request(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram", model=None)),
-                  SamplingParams(extra_args={"lookahead": "maybe"}))
+    check_request(
+        SimpleNamespace(speculative_config=SimpleNamespace(method="ngram", model=None)),
+        SamplingParams(extra_args={"lookahead": "maybe"}),
+    )
 
 
 def test_the_patch_wraps_vllms_params_validation():
     """The table's entry replaces InputProcessor._validate_params (vLLM: a ValueError there is a
     400 at the OpenAI server); its replacement runs vLLM's checks first, then the request's keys."""
-    from vllm_lookahead.engine.patches import PATCHES, _validate_params
+    from vllm_lookahead.engine.hooks.patches import PATCHES, _validate_params
 
     (patch,) = [p for p in PATCHES if p.make is _validate_params]
     assert patch.target == "vllm.v1.engine.input_processor:InputProcessor._validate_params"
@@ -227,15 +226,21 @@ def test_the_patch_wraps_vllms_params_validation():
 
 def _proposer(**keys):
     """The proposer vLLM would build over a stand-in runner (as in test_runner_propose.py)."""
-    from vllm_lookahead.engine.proposer import LookaheadProposer
+    from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
     from vllm_lookahead.engine.runner import RunnerLookahead
 
     model = SimpleNamespace(max_model_len=4096, uses_mrope=False)
-    vllm_config = SimpleNamespace(additional_config={"lookahead": keys}, model_config=model,
-                                  device_config=SimpleNamespace(device_type="cpu"))
+    vllm_config = SimpleNamespace(
+        additional_config={"lookahead": keys}, model_config=model, device_config=SimpleNamespace(device_type="cpu")
+    )
     proposer = LookaheadProposer(vllm_config)
-    runner = SimpleNamespace(vllm_config=vllm_config, model_config=model, drafter=proposer,
-                             input_batch=SimpleNamespace(req_ids=[]), requests={})
+    runner = SimpleNamespace(
+        vllm_config=vllm_config,
+        model_config=model,
+        drafter=proposer,
+        input_batch=SimpleNamespace(req_ids=[]),
+        requests={},
+    )
     RunnerLookahead.of(runner)
     return proposer
 
@@ -259,8 +264,9 @@ def _step(p, requests: dict[str, tuple[list[int], dict | None]]) -> dict[str, li
 def test_off_gets_no_draft_and_no_work_beside_requests_that_draft():
     p = _proposer(max_tokens_per_step=0, ngram_size=3, guess_set_size=2, window_size=2)
     text = [1, 2, 3, 4, 5, 6] * 4
-    drafts = _step(p, {"a": (text + [1], None), "off": (text + [1], {"lookahead": "off"}),
-                       "b": (text + [1], {"lookahead": "on"})})
+    drafts = _step(
+        p, {"a": (text + [1], None), "off": (text + [1], {"lookahead": "off"}), "b": (text + [1], {"lookahead": "on"})}
+    )
     assert drafts["off"] == [] and drafts["a"] and drafts["b"] == drafts["a"]
     assert p.owner.report.undrafted == {"off": "request"}
     off = p.owner.live.state("off")
@@ -271,19 +277,23 @@ def test_off_gets_no_draft_and_no_work_beside_requests_that_draft():
 def test_the_worker_builds_each_state_from_its_request():
     p = _proposer(max_tokens_per_step=0, ngram_size=3, guess_set_size=2, window_size=2, shared_pool=True)
     text = [1, 2, 3, 4, 5, 6] * 4
-    drafts = _step(p, {
-        "default": (text + [1], None),
-        "no_window": (text + [1], {"lookahead_window_size": 0}),
-        "private": (text + [1], {"lookahead_shared_pool": 0}),  # JSON false over HTTP
-        "no_prompt_pool": (text + [1], {"lookahead_pool_from_prompt": False, "lookahead_seed": 9}),
-    })
-    states = {r: p.owner.live.state(r) for r in ("default", "no_window", "private", "no_prompt_pool")}
-    assert states["default"].params is p.owner.config and states["default"].text.shared is p.owner.shared is not None
-    assert states["no_window"].window is None and states["no_window"].params.window_size == 0
-    assert states["private"].text.shared is None and states["private"].params.shared_pool is False
-    assert states["no_prompt_pool"].params.seed == 9 and not states["no_prompt_pool"].params.pool_from_prompt
-    assert states["no_prompt_pool"].text.pool_ngrams < states["default"].text.pool_ngrams / 4  # the output tail only
-    # the prompt's n-grams draft for the default request; without them nothing is known yet
+    drafts = _step(
+        p,
+        {
+            "default": (text + [1], None),
+            "no_window": (text + [1], {"lookahead_window_size": 0}),
+            "short_lead": (
+                text + [1],
+                {"lookahead_max_lead_tokens": 1, "lookahead_guess_set_size": 1, "lookahead_window_size": 0},
+            ),
+        },
+    )
+    states = {r: p.owner.live.state(r) for r in ("default", "no_window", "short_lead")}
+    assert states["default"].config is p.owner.config and states["default"].text.shared is p.owner.shared is not None
+    assert states["no_window"].window is None and states["no_window"].config.window_size == 0
+    assert states["short_lead"].text.shared is p.owner.shared  # the engine's shared pool for every request
+    assert len(drafts["short_lead"]) < len(drafts["default"])
+    # the prompt's n-grams draft for the default request
     assert drafts["default"] and drafts["no_window"]
     assert len(drafts["no_window"]) < len(drafts["default"])  # candidates only, no window columns
 
@@ -294,10 +304,11 @@ def test_keys_that_reach_the_worker_unchecked_never_stop_it(caplog):
     p = _proposer(max_tokens_per_step=0, ngram_size=3, guess_set_size=2, window_size=2)
     text = [1, 2, 3, 4, 5, 6] * 4
     with caplog.at_level(logging.WARNING, logger="vllm.lookahead"):
-        drafts = _step(p, {"bad": (text + [1], {"lookahead_window_size": 99}),
-                           "bad_switch": (text + [1], {"lookahead": "maybe"})})
+        drafts = _step(
+            p, {"bad": (text + [1], {"lookahead_window_size": 99}), "bad_switch": (text + [1], {"lookahead": "maybe"})}
+        )
     assert drafts["bad"] and drafts["bad_switch"]
-    assert p.owner.live.state("bad").params is p.owner.config
+    assert p.owner.live.state("bad").config is p.owner.config
     assert any("lookahead_window_size = 99" in r.getMessage() for r in caplog.records)
 
 
@@ -307,9 +318,12 @@ def test_for_request_fast_path():
     assert for_request(ENGINE, None, shared) == (ENGINE, shared)
     assert for_request(ENGINE, SamplingParams(extra_args={"x": 1}), shared) == (ENGINE, shared)
     cfg, pool = for_request(ENGINE, SamplingParams(extra_args={"lookahead": "off"}), shared)
-    assert pool is None and cfg.window_size == 0 and not cfg.pool_from_prompt and not cfg.pool_from_output
-    assert request_overrides.lookahead_entries({"lookahead": 1, "lookahead_x": 2, "y": 3}) == {"lookahead": 1,
-                                                                                           "lookahead_x": 2}
+    assert pool is None and cfg.window_size == 0
+    assert not cfg.ablation.pool_from_prompt and not cfg.ablation.pool_from_output
+    assert request_overrides.lookahead_entries({"lookahead": 1, "lookahead_x": 2, "y": 3}) == {
+        "lookahead": 1,
+        "lookahead_x": 2,
+    }
 
 
 def test_the_readme_lists_the_per_request_keys():

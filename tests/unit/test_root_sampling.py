@@ -17,7 +17,7 @@ from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
 from vllm.v1.sample.sampler import Sampler  # noqa: E402
 from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder  # noqa: E402
 
-from vllm_lookahead.engine.verify_step import sample_one_row_per_request  # noqa: E402
+from vllm_lookahead.engine.step.verification import sample_one_row_per_request  # noqa: E402
 
 VOCAB, START, END = 32, 5, 6
 REASONING = SimpleNamespace(reasoning_start_token_ids=[START], reasoning_end_token_ids=[END])
@@ -27,20 +27,35 @@ def holder(num_spec_tokens: int) -> ThinkingBudgetStateHolder:
     """Three requests; the last one is thinking (its prompt opened the section) with a budget of
     2 tokens, both already generated: its next token must be the end-of-thinking token."""
     h = ThinkingBudgetStateHolder(REASONING, 4, num_spec_tokens, torch.device("cpu"), False)
-    added = [(0, SimpleNamespace(thinking_token_budget=None), [1, 2], [3]),
-             (1, SimpleNamespace(thinking_token_budget=None), [1, 2], [4]),
-             (2, SimpleNamespace(thinking_token_budget=2), [1, START], [11, 12])]
+    added = [
+        (0, SimpleNamespace(thinking_token_budget=None), [1, 2], [3]),
+        (1, SimpleNamespace(thinking_token_budget=None), [1, 2], [4]),
+        (2, SimpleNamespace(thinking_token_budget=2), [1, START], [11, 12]),
+    ]
     h.sync_batch(BatchUpdate(batch_size=3, removed=[], added=added, moved=[]))
     return h
 
 
 def metadata(h: ThinkingBudgetStateHolder, spec_token_ids: list[list[int]] | None) -> SamplingMetadata:
     return SamplingMetadata(
-        temperature=None, all_greedy=True, all_random=False, top_p=None, top_k=None, generators={},
-        max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
-        frequency_penalties=torch.zeros(3), presence_penalties=torch.zeros(3), repetition_penalties=torch.ones(3),
-        output_token_ids=[[3], [4], [11, 12]], allowed_token_ids_mask=None, bad_words_token_ids={},
-        logitsprocs=LogitsProcessors(), spec_token_ids=spec_token_ids, thinking_budget_state_holder=h,
+        temperature=None,
+        all_greedy=True,
+        all_random=False,
+        top_p=None,
+        top_k=None,
+        generators={},
+        max_num_logprobs=None,
+        no_penalties=True,
+        prompt_token_ids=None,
+        frequency_penalties=torch.zeros(3),
+        presence_penalties=torch.zeros(3),
+        repetition_penalties=torch.ones(3),
+        output_token_ids=[[3], [4], [11, 12]],
+        allowed_token_ids_mask=None,
+        bad_words_token_ids={},
+        logitsprocs=LogitsProcessors(),
+        spec_token_ids=spec_token_ids,
+        thinking_budget_state_holder=h,
     )
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("vllm")
-from vllm_lookahead.engine.verify_step import row_argmax  # noqa: E402
+from vllm_lookahead.engine.step.verification import row_argmax  # noqa: E402
 
 SPECIAL = st.sampled_from([0.0, 1.0, -1.0, 3.5, float("inf"), float("-inf"), float("nan")])
 
@@ -19,8 +19,9 @@ SPECIAL = st.sampled_from([0.0, 1.0, -1.0, 3.5, float("inf"), float("-inf"), flo
 @given(rows=st.integers(1, 6), vocab=st.integers(1, 40), data=st.data())
 def test_same_index_as_torch_argmax(rows: int, vocab: int, data: st.DataObject) -> None:
     # few distinct values, so ties are frequent; specials placed anywhere
-    values = data.draw(st.lists(st.one_of(st.sampled_from([0.0, 1.0, 2.0]), SPECIAL),
-                                min_size=rows * vocab, max_size=rows * vocab))
+    values = data.draw(
+        st.lists(st.one_of(st.sampled_from([0.0, 1.0, 2.0]), SPECIAL), min_size=rows * vocab, max_size=rows * vocab)
+    )
     logits = torch.tensor(values, dtype=torch.float32).reshape(rows, vocab)
     expect = logits.argmax(dim=-1).numpy()
     np.testing.assert_array_equal(row_argmax(logits), expect)
@@ -40,7 +41,7 @@ def test_row_views_and_strided_tensors() -> None:
 def test_node_argmax_reads_the_tree_rows_of_either_layout() -> None:
     from types import SimpleNamespace
 
-    from vllm_lookahead.engine.verify_step import _node_argmax
+    from vllm_lookahead.engine.step.verification import _node_argmax
 
     logits = torch.randn(9, 50)
     # roots first: 4 requests, trees at batch indices 1 and 3 (their roots rows 1 and 3), tree rows 4-8

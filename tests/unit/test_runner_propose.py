@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm_lookahead.engine.proposer import LookaheadProposer  # noqa: E402
+from vllm_lookahead.engine.hooks.proposer import LookaheadProposer  # noqa: E402
 from vllm_lookahead.engine.runner import RunnerLookahead  # noqa: E402
 
 
@@ -18,8 +18,13 @@ def _proposer(device: str, **keys) -> LookaheadProposer:
         additional_config={"lookahead": keys}, model_config=model, device_config=SimpleNamespace(device_type=device)
     )
     proposer = LookaheadProposer(vllm_config)
-    runner = SimpleNamespace(vllm_config=vllm_config, model_config=model, drafter=proposer,
-                             input_batch=SimpleNamespace(req_ids=[]), requests={})
+    runner = SimpleNamespace(
+        vllm_config=vllm_config,
+        model_config=model,
+        drafter=proposer,
+        input_batch=SimpleNamespace(req_ids=[]),
+        requests={},
+    )
     RunnerLookahead.of(runner)
     return proposer
 
@@ -31,7 +36,7 @@ def test_loading_the_proposer_says_there_is_no_draft_model(caplog):
     with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
         _proposer("cpu").load_model(object())
     assert [r.getMessage() for r in caplog.records if "drafter" in r.getMessage()] == [
-        "lookahead: no drafter model to load (vLLM's \"Loading drafter model...\" is its call into this proposer): "
+        'lookahead: no drafter model to load (vLLM\'s "Loading drafter model..." is its call into this proposer): '
         "drafts come from n-gram pools of the prompt and output and from the Jacobi window, all run by the target model"
     ]
 
@@ -42,7 +47,9 @@ def _bind(p: LookaheadProposer, prompts: dict[str, list[int]]):
     sp = SamplingParams(temperature=0.0, max_tokens=1000)
     runner = p.owner.runner
     runner.input_batch.req_ids = list(prompts)
-    runner.requests = {r: SimpleNamespace(prompt_token_ids=t, sampling_params=sp, output_token_ids=[]) for r, t in prompts.items()}
+    runner.requests = {
+        r: SimpleNamespace(prompt_token_ids=t, sampling_params=sp, output_token_ids=[]) for r, t in prompts.items()
+    }
 
 
 def _step(p: LookaheadProposer, histories: list[list[int]]) -> list[list[int]]:
@@ -84,7 +91,6 @@ def test_a_batch_too_full_to_draft_skips_learning_and_catches_up_later():
     assert p.owner.live.state("a").text.known == len(a)
 
 
-
 def test_auto_with_cpu_costs_drafts_one_confident_chain_and_no_tree():
     # The request repeats "1 2 3 4 5 6 7 8 9 0", so every candidate is right.  Under this CPU's
     # forward cost (the bundled profile: the stand-in runner has no model to time) the rule
@@ -94,7 +100,7 @@ def test_auto_with_cpu_costs_drafts_one_confident_chain_and_no_tree():
     # add ~0.05 tokens for rows that cost more than that here.
     import numpy as np
 
-    from vllm_lookahead.engine.verify_step import StepOutcome
+    from vllm_lookahead.engine.step.verification import StepOutcome
 
     p = _proposer("cpu", ngram_size=3, guess_set_size=3, window_size=2)
     cycle = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0]
@@ -114,8 +120,9 @@ def test_auto_with_cpu_costs_drafts_one_confident_chain_and_no_tree():
         nxt = cycle.index(history[-1]) + 1
         new = [cycle[(nxt + k) % 10] for k in range(len(draft) + 1)]
         assert new[:-1] == draft  # all accepted, plus the bonus token
-        p.owner.live.set_outcome("a", StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1),
-                                                   np.arange(1, len(draft) + 1)))  # the whole chain
+        p.owner.live.set_outcome(
+            "a", StepOutcome(pending, pending.tree.size, np.full(pending.tree.size, -1), np.arange(1, len(draft) + 1))
+        )  # the whole chain
         history = history + new
     # a confident lead from the start, then the whole lead (max_lead_tokens = 32) once it was right
     assert 8 <= lengths[0] < 32 and lengths[1:] == [32, 32, 32]
@@ -127,7 +134,7 @@ def test_initial_window_depends_on_the_prompt_not_on_the_request_id():
     prompt, other = list(range(10, 40)), list(range(40, 70))
 
     def first_level(req_id: str, tokens: list[int], seed: int = 0):
-        p = _proposer("cpu", max_tokens_per_step=0, seed=seed)
+        p = _proposer("cpu", max_tokens_per_step=0, ablation={"seed": seed})
         _bind(p, {req_id: tokens})
         _step(p, [tokens + [tokens[0]]])
         return p.owner.live.state(req_id).window.levels[0].tolist()
@@ -157,13 +164,21 @@ def test_thinking_budget_limits_the_draft_depth_and_stops_before_markers():
     budgets = {"think16": 16, "think20": 20, "plain": 100, "free": None}
     runner.input_batch.req_ids = list(prompts)
     runner.requests = {
-        r: SimpleNamespace(prompt_token_ids=t, output_token_ids=[1],
-                           sampling_params=SamplingParams(temperature=0.0, max_tokens=100,
-                                                          thinking_token_budget=budgets[r]))
+        r: SimpleNamespace(
+            prompt_token_ids=t,
+            output_token_ids=[1],
+            sampling_params=SamplingParams(temperature=0.0, max_tokens=100, thinking_token_budget=budgets[r]),
+        )
         for r, t in prompts.items()
     }
-    holder.sync_batch(BatchUpdate(batch_size=4, removed=[], moved=[], added=[
-        (i, runner.requests[r].sampling_params, t, []) for i, (r, t) in enumerate(prompts.items())]))
+    holder.sync_batch(
+        BatchUpdate(
+            batch_size=4,
+            removed=[],
+            moved=[],
+            added=[(i, runner.requests[r].sampling_params, t, []) for i, (r, t) in enumerate(prompts.items())],
+        )
+    )
     holder.update_state([[], [], [], []], None)  # the step that sampled token 1 read the output before it
     drafts = _step(p, [t + [1] for t in prompts.values()])
     # 12 + 1 thinking tokens: rows at depth d sample token 14 + d, kept <= budget - 1.
@@ -173,98 +188,18 @@ def test_thinking_budget_limits_the_draft_depth_and_stops_before_markers():
     assert drafts[3][:5] == drafts[1] and len(drafts[3]) > 5  # no budget: not limited
 
 
-def test_where_drafting_was_measured_slower_the_batch_is_not_drafted():
-    """The measured gate (core/draft_gate.py) pauses drafting at a batch size where it has been
-    slower than not drafting: no drafts, no per-request work, the reason on the metric."""
-    from vllm_lookahead.core.draft_gate import DraftGate
+def test_full_trees_draft_whatever_the_cost_model_says():
+    """``max_tokens_per_step: 0`` is the full tree every step: the draft rule's cost model is not
+    consulted, even where it says no draft pays."""
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3)
-    owner = p.owner
-    owner.timing.cost = StepCost.linear(0.020, 0.0)  # free tokens: the rule alone would draft
-    gate = DraftGate()
-    for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:  # drafting: same tokens, slower
-        gate.observe(2, 2, seconds, drafting)
-    owner.timing.gate = gate
-    prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
-    _bind(p, prompts)
-    assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
-    assert len(owner.live) == 0
-    assert owner.report.undrafted == {"a": "measured_slower", "b": "measured_slower"}
-    assert gate.ratio(2) == pytest.approx(2 / 3)
-
-
-def test_under_tensor_parallelism_the_gate_is_not_consulted():
-    """Ranks must build the same trees: with the cost model shared across ranks (frozen), a gate
-    fed by one rank's timings would let ranks disagree, so it is left out."""
-    from vllm_lookahead.core.draft_gate import DraftGate
-    from vllm_lookahead.core.step_cost import StepCost
-
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3)
-    owner = p.owner
-    owner.timing.cost = StepCost.linear(0.020, 0.0)
-    owner.timing.frozen = True
-    gate = DraftGate()
-    for drafting, seconds in [(True, 0.030), (False, 0.020)] * 40:
-        gate.observe(2, 2, seconds, drafting)
-    owner.timing.gate = gate
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, max_tokens_per_step=0)
+    p.owner.timing.cost = StepCost((1, 256), (0.010, 5.0))  # each token costs twice the batch
+    assert not p.owner.timing.any_draft_pays(2)
     prompts = {"a": [1, 2, 7, 8, 9], "b": [3, 4, 7, 8, 9]}
     _bind(p, prompts)
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
     assert all(d[:2] == [8, 9] for d in drafts)
-    assert "measured_slower" not in owner.report.undrafted.values()
-
-
-def test_the_gate_is_there_only_when_asked_for(monkeypatch):
-    """The gate is opt-in (``"measure_drafting": true`` under ``"auto"``), never under a fixed
-    cap, and ``VLLM_LOOKAHEAD_DRAFT_GATE=0`` keeps it out whatever the config says."""
-    monkeypatch.delenv("VLLM_LOOKAHEAD_DRAFT_GATE", raising=False)
-    assert _proposer("cpu").owner.timing.gate is None
-    assert _proposer("cpu", measure_drafting=True).owner.timing.gate is not None
-    assert _proposer("cpu", measure_drafting=True, max_tokens_per_step=24).owner.timing.gate is None
-    monkeypatch.setenv("VLLM_LOOKAHEAD_DRAFT_GATE", "0")
-    assert _proposer("cpu", measure_drafting=True).owner.timing.gate is None
-
-
-def test_a_batch_whose_plans_draft_nothing_of_what_is_offered_rests_from_proposing():
-    # The prompt repeats, so the pools offer a lead every step; the host's work of a drafting step
-    # is priced far above anything a draft returns, so every plan drafts nothing: after two such
-    # steps the batch proposes nothing for a step (no lookups, no learning), then for two.
-    from vllm_lookahead.core.step_cost import StepCost
-
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True,
-                  rest_idle_requests=False)  # the batch's rests alone
-    # free tokens: only the host's price says no; a 0.1 ms forward: proposing is a large share of it
-    p.owner.timing.cost = StepCost.linear(0.0001, 0.0)
-    p.owner.timing.host_seconds = lambda decoding: 1.0
-    cycle = [11, 12, 13, 14]
-    history = cycle * 3
-    _bind(p, {"a": history})
-    reasons = []
-    for k in range(7):
-        history = history + [cycle[k % 4]]
-        assert _step(p, [history]) == [[]]
-        reasons.append(p.owner.take_report()["undrafted"]["a"])
-    assert reasons == ["no_candidate", "no_candidate", "batch_full", "no_candidate", "no_candidate",
-                       "batch_full", "batch_full"]
-    p.owner.timing.host_seconds = lambda decoding: 0.0
-    history = history + [cycle[7 % 4]]
-    assert _step(p, [history]) != [[]]  # proposing again, with the rested steps' tokens caught up
-    assert p.owner.live.state("a").text.known == len(history)
-
-
-def test_steps_with_no_candidate_at_all_never_rest():
-    from vllm_lookahead.core.step_cost import StepCost
-
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, price_host_work=True,
-                  rest_idle_requests=False)  # the batch's rests alone
-    p.owner.timing.cost = StepCost.linear(0.020, 0.0)
-    history = [11, 12, 13, 14]
-    _bind(p, {"a": history})
-    for token in range(21, 27):  # novel text: the pools offer nothing
-        history = history + [token]
-        assert _step(p, [history]) == [[]]
-        assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"
 
 
 def _proposals(p: LookaheadProposer, tokens: list[int], history: list[int]) -> tuple[list[bool], list[int]]:
@@ -279,7 +214,7 @@ def _proposals(p: LookaheadProposer, tokens: list[int], history: list[int]) -> t
 
 
 def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
-    """``rest_idle_requests``: where proposing is a large share of the step, a request whose
+    """Under the draft rule, where proposing is a large share of the step, a request whose
     proposals drafted nothing twice running skips 1, then 2, 4 ... proposals (no lookups, no
     learning), proposes again in between, and learns the skipped tokens when it does; a draft
     ends the rests."""
@@ -289,8 +224,24 @@ def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     p.owner.timing.cost = StepCost.linear(0.0001, 0.0)  # a 0.1 ms forward: proposing costs more than 2 % of it
     _bind(p, {"a": [1, 2, 3]})
     proposed, history = _proposals(p, list(range(100, 116)), [1, 2, 3])  # new text: nothing to draft
-    assert proposed == [True, True, False, True, False, False, True, False, False, False, False,
-                        True, False, False, False, False]
+    assert proposed == [
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"  # a rest keeps the request's reason
     for _ in range(10):  # the rest (8 proposals by now) runs out; the next proposal learns every skipped token
         proposed, history = _proposals(p, [100], history)
@@ -302,11 +253,12 @@ def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     assert p.owner.live._records["a"].idle == 0
 
 
-@pytest.mark.parametrize("setting", ["off", "tensor_parallel", "cheap_proposals"])
-def test_requests_do_not_rest_when_off_under_tensor_parallelism_or_where_proposing_is_cheap(setting):
+@pytest.mark.parametrize("setting", ["fixed_cap", "tensor_parallel", "cheap_proposals"])
+def test_requests_do_not_rest_under_a_cap_under_tensor_parallelism_or_where_proposing_is_cheap(setting):
     from vllm_lookahead.core.step_cost import StepCost
 
-    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, rest_idle_requests=setting != "off")
+    cap = {"max_tokens_per_step": 64} if setting == "fixed_cap" else {}
+    p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0, **cap)
     p.owner.timing.cost = StepCost.linear(1.0 if setting == "cheap_proposals" else 0.0001, 0.0)
     p.owner.timing.frozen = setting == "tensor_parallel"
     _bind(p, {"a": [1, 2, 3]})

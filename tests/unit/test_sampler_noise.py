@@ -14,7 +14,7 @@ pytest.importorskip("vllm")
 from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler, apply_top_k_top_p  # noqa: E402
 from vllm.v1.sample.sampler import Sampler  # noqa: E402
 
-from vllm_lookahead.engine.sampler_noise import SamplerNoise  # noqa: E402
+from vllm_lookahead.engine.step.sampler_noise import SamplerNoise  # noqa: E402
 
 VOCAB, POSITIONS = 97, 40
 TEMPERATURE = torch.tensor([[0.7], [1.0], [0.5]])
@@ -32,8 +32,10 @@ def sampled_both_ways(forward, noise: SamplerNoise, seeded=(0, 2)) -> tuple[list
     for logits in runs:
         tokens, _ = forward(logits.clone() / TEMPERATURE, theirs_gen, TOP_K.clone(), TOP_P.clone())
         theirs.append([int(tokens[i]) for i in seeded])
-        row = [apply_top_k_top_p(logits[i : i + 1] / TEMPERATURE[i], TOP_K[i : i + 1].clone(), TOP_P[i : i + 1].clone())
-               for i in seeded]
+        row = [
+            apply_top_k_top_p(logits[i : i + 1] / TEMPERATURE[i], TOP_K[i : i + 1].clone(), TOP_P[i : i + 1].clone())
+            for i in seeded
+        ]
         ours.append([noise.sample(r, ours_gen[i]) for r, i in zip(row, seeded)])
     return theirs, ours
 
@@ -52,8 +54,9 @@ def test_cpu_sampler(fp64):
 def test_native_sampler(fp64):
     """``random_sample`` (vLLM's CUDA path whenever a request has its own generator)."""
     inner = TopKTopPSampler(use_fp64_gumbel=fp64)
-    noise = SamplerNoise.of(SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=inner.forward_native,
-                                                                              use_fp64_gumbel=fp64)))
+    noise = SamplerNoise.of(
+        SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=inner.forward_native, use_fp64_gumbel=fp64))
+    )
     assert noise == SamplerNoise("exponential", fp64)
     theirs, ours = sampled_both_ways(inner.forward_native, noise)
     assert theirs == ours
@@ -65,8 +68,9 @@ def test_unknown_samplers_have_no_noise_to_mirror():
     assert SamplerNoise.of(SimpleNamespace()) is None
 
 
-@pytest.mark.parametrize("noise", [SamplerNoise("splitmix"), SamplerNoise("exponential"),
-                                   SamplerNoise("exponential", True)])
+@pytest.mark.parametrize(
+    "noise", [SamplerNoise("splitmix"), SamplerNoise("exponential"), SamplerNoise("exponential", True)]
+)
 def test_rows_sampled_in_one_pass_equal_rows_sampled_one_at_a_time(noise):
     """What verification draws for several requests' walks in one pass (one generator per row,
     one unseeded) is what each row's own call draws, and every generator ends where it would."""

@@ -3,26 +3,30 @@
 Exactly: for random trees and random target distributions over a small vocabulary, the
 probability of every emitted token sequence under the rule is computed by enumeration and
 compared with the target's own probability of it.  Statistically: the chi-square harness
-(vllm_lookahead/testing/stats.py) that the engine tests use accepts the rule and rejects
+(tests/support/stats.py) that the engine tests use accepts the rule and rejects
 three deliberately wrong ones -- the tests of the test.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.stats import compare_samples, sequence_histograms
+from support.wrong_rules import WRONG_RULES
 from vllm_lookahead.core import TreeBuilder
-from vllm_lookahead.core.sampling import (children_with_logits, coupled_walk, coupled_walks, sample_from,
-                                         tree_speculative_sample)
+from vllm_lookahead.core.sampling import (
+    children_with_logits,
+    coupled_walk,
+    coupled_walks,
+    sample_from,
+    tree_speculative_sample,
+)
 from vllm_lookahead.core.tree import DraftTree
-from vllm_lookahead.testing.stats import compare_samples, sequence_histograms
-from vllm_lookahead.testing.wrong_rules import WRONG_RULES
 
 VOCAB = 5
 
@@ -223,7 +227,7 @@ def test_walks_taken_together_are_the_walks_taken_alone(seed, walks):
     rng = np.random.default_rng(seed)
     model = TableModel(seed)
     trees, streams = [], []
-    for w in range(walks):
+    for _ in range(walks):
         trees.append(random_tree(rng, int(rng.integers(VOCAB)), int(rng.integers(1, 12))))
         streams.append(rng.random((16, VOCAB)))
 
@@ -253,15 +257,16 @@ def test_the_chi_square_harness_accepts_the_rule_and_rejects_wrong_ones(name):
     model = TableModel(seed=3)
     context = (1, 2)
     make = branching_tree(model)
-    reference = simulate(lambda t, p, u: (np.zeros(0, np.int64), sample_from(p(0), 1.0, u())), model, context, make,
-                         3000, 3, seed=11)
+    reference = simulate(
+        lambda t, p, u: (np.zeros(0, np.int64), sample_from(p(0), 1.0, u())), model, context, make, 3000, 3, seed=11
+    )
     candidate = simulate(rule, model, context, make, 3000, 3, seed=12)
     report = compare_samples(sequence_histograms(reference, 3), sequence_histograms(candidate, 3), alpha=1e-3)
     assert report.passed == should_pass, report.summary()
 
 
 def test_chi_square_survival_function_matches_tables():
-    from vllm_lookahead.testing.stats import chi2_sf
+    from support.stats import chi2_sf
 
     # 95 % and 99 % quantiles from standard tables
     for x, dof, p in ((3.841459, 1, 0.05), (18.307038, 10, 0.05), (6.634897, 1, 0.01), (37.566235, 20, 0.01)):

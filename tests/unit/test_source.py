@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
-
-from vllm_lookahead.config import LookaheadConfig
-from vllm_lookahead.core import NgramPool, RequestLookahead, Source, count_by_source
-from vllm_lookahead.engine.stats import LookaheadStats
-from vllm_lookahead.testing.drafting import draft_one
-
 from test_request import PERIOD, greedy_reference, periodic_oracle, simulate
+
+from support import make_config
+from support.drafting import draft_one
+from vllm_lookahead.core import NgramPool, RequestLookahead, Source, count_by_source
+from vllm_lookahead.engine.metrics.stats import LookaheadStats
 
 
 def test_pool_keeps_the_textual_source_of_an_ngram():
@@ -24,7 +23,7 @@ def test_pool_keeps_the_textual_source_of_an_ngram():
 
 
 def test_candidates_carry_their_pools_source_and_the_window_branch_is_window():
-    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3, max_lead_tokens=0)
+    params = make_config(window_size=3, ngram_size=3, guess_set_size=3, max_lead_tokens=0)
     req = RequestLookahead(params, [5, 6, 7, 8], seed=0)
     history = [5, 6, 7, 8, 5, 9, 9]
     req.catch_up(history)  # output n-grams 8 5 9 / 5 9 9
@@ -36,12 +35,15 @@ def test_candidates_carry_their_pools_source_and_the_window_branch_is_window():
     assert first == {9: Source.OUTPUT, 6: Source.PROMPT}
     assert set(sources[draft.window_start :]) == {Source.WINDOW}
     assert count_by_source(draft.sources, np.arange(1, draft.tree.size)) == {
-        "prompt": 2, "output": 2, "shared": 0, "window": draft.tree.size - draft.window_start,
+        "prompt": 2,
+        "output": 2,
+        "shared": 0,
+        "window": draft.tree.size - draft.window_start,
     }
 
 
 def test_window_ngrams_are_credited_to_the_window_until_the_text_has_them():
-    params = LookaheadConfig(window_size=3, ngram_size=3, guess_set_size=3)
+    params = make_config(window_size=3, ngram_size=3, guess_set_size=3)
     req = RequestLookahead(params, [1, 2], seed=0)
     draft = draft_one(req, 2, [1, 2])
     # a two-level window: run it so its outputs form n-grams
@@ -57,7 +59,7 @@ def test_window_ngrams_are_credited_to_the_window_until_the_text_has_them():
 def test_accepted_tokens_come_from_the_prompt_when_it_holds_the_answer():
     oracle = periodic_oracle(PERIOD)
     prompt = PERIOD * 2
-    output, _, run = simulate(LookaheadConfig(), prompt, oracle, 100)
+    output, _, run = simulate(make_config(), prompt, oracle, 100)
     assert output == greedy_reference(oracle, prompt, 100)
     assert run.accepted_from[Source.PROMPT] > 0.8 * sum(run.accepted_from.values())
 
@@ -65,18 +67,18 @@ def test_accepted_tokens_come_from_the_prompt_when_it_holds_the_answer():
 def test_accepted_tokens_come_from_the_window_when_no_text_holds_them():
     oracle = periodic_oracle(PERIOD)
     prompt = [3, 1]
-    params = LookaheadConfig(pool_from_prompt=False, pool_from_output=False)
+    params = make_config(pool_from_prompt=False, pool_from_output=False)
     output, _, run = simulate(params, prompt, oracle, 150, seed=5)
     assert output == greedy_reference(oracle, prompt, 150)
     assert run.accepted_from[Source.WINDOW] == sum(run.accepted_from.values()) > 100
     # the same request with the text pools: once the cycle is in the output, the output takes over
-    output, _, run = simulate(LookaheadConfig(), prompt, oracle, 150, seed=5)
+    output, _, run = simulate(make_config(), prompt, oracle, 150, seed=5)
     assert run.accepted_from[Source.OUTPUT] > run.accepted_from[Source.WINDOW]
 
 
 def test_without_a_window_nothing_is_credited_to_it():
     oracle = periodic_oracle(PERIOD)
-    params = LookaheadConfig(window_size=0)
+    params = make_config(window_size=0)
     output, req, run = simulate(params, PERIOD * 2, oracle, 80)
     assert output == greedy_reference(oracle, PERIOD * 2, 80)
     assert req.window is None and Source.WINDOW not in run.sources
@@ -84,7 +86,7 @@ def test_without_a_window_nothing_is_credited_to_it():
 
 
 def test_stats_count_window_steps_and_accepted_tokens_by_source():
-    params = LookaheadConfig(window_size=2, ngram_size=3, guess_set_size=2, max_lead_tokens=0)
+    params = make_config(window_size=2, ngram_size=3, guess_set_size=2, max_lead_tokens=0)
     req = RequestLookahead(params, [1, 2, 3, 1, 2, 4], seed=0)
     draft = draft_one(req, 2, [1, 2])
     assert draft.window_start is not None
@@ -104,8 +106,8 @@ def test_stats_count_window_steps_and_accepted_tokens_by_source():
 def test_a_shared_pool_drafts_other_requests_output_credited_as_shared():
     from vllm_lookahead.core.pool import SharedPools
 
-    params = LookaheadConfig(window_size=0, ngram_size=3, guess_set_size=2)
-    shared = SharedPools.for_params(params)
+    params = make_config(window_size=0, ngram_size=3, guess_set_size=2)
+    shared = SharedPools.for_config(params)
     first = RequestLookahead(params, [1, 2], seed=0, shared=shared)
     first.catch_up([1, 2, 40, 41, 42, 43])  # its output: 40 41 42 43
     second = RequestLookahead(params, [9, 9], seed=0, shared=shared)

@@ -1,5 +1,5 @@
-"""The scheduler-side rebuild of vLLM's spec-decode stats (engine/spec_metrics.py) and the stat
-logger that exports lookahead's own (engine/prometheus.py), on vLLM's real stats classes."""
+"""The scheduler-side rebuild of vLLM's spec-decode stats (engine/metrics/spec_metrics.py) and the stat
+logger that exports lookahead's own (engine/metrics/prometheus.py), on vLLM's real stats classes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from vllm_lookahead.core import DraftTree
 from vllm_lookahead.core.request import StepDraft
 from vllm_lookahead.core.source import Source
-from vllm_lookahead.engine import spec_metrics
-from vllm_lookahead.engine.patches import FIELDS, INSTALLED
-from vllm_lookahead.engine.stats import StepReport
-from vllm_lookahead.engine.verify_step import StepOutcome
+from vllm_lookahead.engine.hooks.patches import FIELDS, INSTALLED
+from vllm_lookahead.engine.metrics import spec_metrics
+from vllm_lookahead.engine.metrics.stats import StepReport
+from vllm_lookahead.engine.step.verification import StepOutcome
 
 P, O, W = int(Source.PROMPT), int(Source.OUTPUT), int(Source.WINDOW)
 
@@ -38,27 +38,43 @@ def _step(level: str = "detailed"):
     report = {
         "trees": {"A": (3, 7, 2, 1, [P, W, W]), "B": (4, 4, 1, 0, [O, O, O, O])},
         "undrafted": {"C": "min_p"},
-        "propose_seconds": 0.002, "verify_seconds": 0.003, "pool_ngrams": 42,
+        "propose_seconds": 0.002,
+        "verify_seconds": 0.003,
+        "pool_ngrams": 42,
         "request_states": 3,
     }
     sched_out = SimpleNamespace(scheduled_spec_decode_tokens={"A": [1] * 7, "B": [1] * 4}, num_invalid_spec_tokens=None)
-    runner_out = SimpleNamespace(sampled_token_ids=[[5, 6, 7, 8], [5, 6, 7, 8, 9], [3]],
-                                 req_id_to_index={"A": 0, "B": 1, "C": 2})
+    runner_out = SimpleNamespace(
+        sampled_token_ids=[[5, 6, 7, 8], [5, 6, 7, 8, 9], [3]], req_id_to_index={"A": 0, "B": 1, "C": 2}
+    )
     counted = spec_metrics.before_step(sched_out, runner_out)
     assert counted == {"A": (7, 3), "B": (4, 4)}
     # vLLM then trims B at max_tokens (in place) and finishes B and C
     runner_out.sampled_token_ids[1][2:] = []
     metrics = {"A": _request_metrics(7, 3, level), "B": _request_metrics(4, 4, level)}
-    outs = [SimpleNamespace(request_id="A", new_token_ids=runner_out.sampled_token_ids[0], finish_reason=None,
-                            spec_decode_metrics=None),
-            SimpleNamespace(request_id="B", new_token_ids=runner_out.sampled_token_ids[1], finish_reason="length",
-                            spec_decode_metrics=metrics["B"]),
-            SimpleNamespace(request_id="C", new_token_ids=[3], finish_reason="length", spec_decode_metrics=None)]
+    outs = [
+        SimpleNamespace(
+            request_id="A", new_token_ids=runner_out.sampled_token_ids[0], finish_reason=None, spec_decode_metrics=None
+        ),
+        SimpleNamespace(
+            request_id="B",
+            new_token_ids=runner_out.sampled_token_ids[1],
+            finish_reason="length",
+            spec_decode_metrics=metrics["B"],
+        ),
+        SimpleNamespace(request_id="C", new_token_ids=[3], finish_reason="length", spec_decode_metrics=None),
+    ]
     stats = SchedulerStats()
     outputs = {0: SimpleNamespace(outputs=outs, scheduler_stats=stats)}
-    scheduler = SimpleNamespace(num_spec_tokens=8, log_stats=True, spec_decode_metrics_level=level,
-                                requests={"A": SimpleNamespace(spec_decode_metrics=metrics["A"]),
-                                          "C": SimpleNamespace(spec_decode_metrics=None)})
+    scheduler = SimpleNamespace(
+        num_spec_tokens=8,
+        log_stats=True,
+        spec_decode_metrics_level=level,
+        requests={
+            "A": SimpleNamespace(spec_decode_metrics=metrics["A"]),
+            "C": SimpleNamespace(spec_decode_metrics=None),
+        },
+    )
     spec_metrics.finish_step(scheduler, sched_out, report, counted, outputs)
     return stats, metrics
 
@@ -114,14 +130,20 @@ def test_scheduler_stats_field_survives_msgspec():
 def test_undrafted_reason_table_frees_aborted_requests_on_the_next_step():
     from vllm.v1.metrics.stats import SchedulerStats
 
-    scheduler = SimpleNamespace(num_spec_tokens=8, log_stats=True, spec_decode_metrics_level="none",
-                                requests={"live": object()})
+    scheduler = SimpleNamespace(
+        num_spec_tokens=8, log_stats=True, spec_decode_metrics_level="none", requests={"live": object()}
+    )
     gone = {}
 
     def step(report):
         stats = SchedulerStats()
-        spec_metrics.finish_step(scheduler, SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None),
-                                 report, {}, {0: SimpleNamespace(outputs=[], scheduler_stats=stats)})
+        spec_metrics.finish_step(
+            scheduler,
+            SimpleNamespace(scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None),
+            report,
+            {},
+            {0: SimpleNamespace(outputs=[], scheduler_stats=stats)},
+        )
         for k, v in stats.lookahead["undrafted"].items():
             gone[k] = gone.get(k, 0) + v
         return stats.lookahead["request_states"]["scheduler"]
@@ -136,10 +158,19 @@ def test_undrafted_reason_table_frees_aborted_requests_on_the_next_step():
 
 
 def test_step_report_of_a_tree_outcome():
-    tree = DraftTree(tokens=np.array([9, 1, 2, 3, 4]), parents=np.array([-1, 0, 1, 0, 3]),
-                     depths=np.array([0, 1, 2, 1, 2]), logits=np.ones(5, bool))
-    draft = StepDraft(tree=tree, window_nodes=np.array([3]), num_candidates=1,
-                      sources=np.array([0, P, P, W, W], dtype=np.int8), window_start=3)
+    tree = DraftTree(
+        tokens=np.array([9, 1, 2, 3, 4]),
+        parents=np.array([-1, 0, 1, 0, 3]),
+        depths=np.array([0, 1, 2, 1, 2]),
+        logits=np.ones(5, bool),
+    )
+    draft = StepDraft(
+        tree=tree,
+        window_nodes=np.array([3]),
+        num_candidates=1,
+        sources=np.array([0, P, P, W, W], dtype=np.int8),
+        window_start=3,
+    )
     report = StepReport()
     report.on_verified("A", StepOutcome(draft=draft, num_nodes=5, argmax=np.zeros(5, int), path=np.array([3, 4])))
     report.on_verified("B", StepOutcome(draft=draft, num_nodes=3, argmax=np.zeros(3, int), path=np.array([1])))
@@ -151,11 +182,12 @@ def test_stat_logger_exports_lookahead_metrics():
     from prometheus_client import REGISTRY
     from vllm.v1.metrics.stats import SchedulerStats
 
-    from vllm_lookahead.engine import prometheus
-    from vllm_lookahead.engine.startup import PROPOSER_PATH
+    from vllm_lookahead.engine.hooks.startup import PROPOSER_PATH
+    from vllm_lookahead.engine.metrics import prometheus
 
-    config = SimpleNamespace(speculative_config=SimpleNamespace(model=PROPOSER_PATH),
-                             model_config=SimpleNamespace(served_model_name="m"))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(model=PROPOSER_PATH), model_config=SimpleNamespace(served_model_name="m")
+    )
     logger = prometheus.LookaheadStatLogger(config, [0])
     try:
         logger.log_engine_initialized()
@@ -176,7 +208,9 @@ def test_stat_logger_exports_lookahead_metrics():
         assert get("vllm:lookahead_request_states", holder="scheduler") == 1
         assert get("vllm:lookahead_verify_seconds_count") == 1
         # inert without lookahead
-        other = prometheus.LookaheadStatLogger(SimpleNamespace(speculative_config=None, model_config=config.model_config))
+        other = prometheus.LookaheadStatLogger(
+            SimpleNamespace(speculative_config=None, model_config=config.model_config)
+        )
         other.record(stats, None)
         assert get("vllm:lookahead_window_steps_total") == 1
     finally:

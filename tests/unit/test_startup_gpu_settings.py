@@ -1,4 +1,4 @@
-"""Start-up decisions for GPU settings, checked on the CPU with the config mocked (engine/startup.py).
+"""Start-up decisions for GPU settings, checked on the CPU with the config mocked (engine/hooks/startup.py).
 
 FULL CUDA graphs would capture attention and skip the eager tree-attention pass on replay;
 the plugin turns them into PIECEWISE graphs when it builds the engine config, and the
@@ -21,8 +21,8 @@ pytest.importorskip("vllm")
 from vllm.config.compilation import CUDAGraphMode  # noqa: E402
 
 from vllm_lookahead.config import LookaheadConfig  # noqa: E402
-from vllm_lookahead.engine import startup  # noqa: E402
-from vllm_lookahead.engine.startup import LookaheadStartupError, tree_safe_cudagraph_mode  # noqa: E402
+from vllm_lookahead.engine.hooks import startup  # noqa: E402
+from vllm_lookahead.engine.hooks.startup import LookaheadStartupError, tree_safe_cudagraph_mode  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -69,13 +69,17 @@ def test_prepare_engine_args_translates_and_downgrades_once(monkeypatch, caplog)
     with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
         cfg = startup.prepare_engine_args(args)
     assert cfg.window_size == 3
-    assert args.speculative_config["method"] == "custom_class" and args.additional_config["lookahead"]["window_size"] == 3
+    assert (
+        args.speculative_config["method"] == "custom_class" and args.additional_config["lookahead"]["window_size"] == 3
+    )
     assert args.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "FULL_AND_PIECEWISE requested, using PIECEWISE" in warnings[0]
 
-    other = _engine_args(speculative_config={"method": "ngram", "num_speculative_tokens": 2},
-                         compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL))
+    other = _engine_args(
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode.FULL),
+    )
     assert startup.prepare_engine_args(other) is None  # other methods: untouched
     assert other.compilation_config.cudagraph_mode == CUDAGraphMode.FULL
 
@@ -90,8 +94,9 @@ def _vllm_config(max_num_batched_tokens=2048, max_model_len=2048, spec=None, **p
     return SimpleNamespace(
         speculative_config=SimpleNamespace(model=startup.PROPOSER_PATH),
         additional_config={"lookahead": LookaheadConfig.from_user_dict(spec or {}).model_dump()},
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens,
-                                         max_num_scheduled_tokens=max_num_batched_tokens),
+        scheduler_config=SimpleNamespace(
+            max_num_batched_tokens=max_num_batched_tokens, max_num_scheduled_tokens=max_num_batched_tokens
+        ),
         model_config=SimpleNamespace(max_model_len=max_model_len),
         use_v2_model_runner=False,
         attention_config=SimpleNamespace(hisparse_config=None),
@@ -109,8 +114,11 @@ def test_engine_configs_lookahead_cannot_serve_are_refused_naming_the_setting():
     dcp.parallel_config.decode_context_parallel_size = 2
     full = _vllm_config()
     full.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    for config, needle in ((pp, "--pipeline-parallel-size 2"), (dcp, "--decode-context-parallel-size 2"),
-                           (full, "cudagraph_mode FULL_DECODE_ONLY")):
+    for config, needle in (
+        (pp, "--pipeline-parallel-size 2"),
+        (dcp, "--decode-context-parallel-size 2"),
+        (full, "cudagraph_mode FULL_DECODE_ONLY"),
+    ):
         with pytest.raises(LookaheadStartupError, match=needle) as err:
             startup.check_engine_config(config)
         assert "\n" not in str(err.value)
@@ -122,7 +130,7 @@ def test_engine_configs_lookahead_cannot_serve_are_refused_naming_the_setting():
 
 def test_the_worker_refuses_full_cuda_graphs_that_reach_it():
     """A VllmConfig built without the plugin's EngineArgs hook still cannot run FULL graphs."""
-    from vllm_lookahead.engine.kv_layers import paged_kv_of
+    from vllm_lookahead.engine.step.kv_layers import paged_kv_of
 
     runner = SimpleNamespace(
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=[])]),
@@ -141,7 +149,10 @@ def test_configs_whose_largest_step_cannot_fit_the_engine_are_refused():
     startup.check_engine_config(_vllm_config(max_num_batched_tokens=need, max_model_len=need + 1, spec=spec))
     for settings, needle in (
         (dict(max_num_batched_tokens=need - 1), f"--max-num-batched-tokens is {need - 1}: raise it to >= {need}"),
-        (dict(max_model_len=need), f"--max-model-len {need} leaves at most {need - 2} draft positions: raise it to >= {need + 1}"),
+        (
+            dict(max_model_len=need),
+            f"--max-model-len {need} leaves at most {need - 2} draft positions: raise it to >= {need + 1}",
+        ),
     ):
         with pytest.raises(LookaheadStartupError, match=re.escape(needle)) as err:
             startup.check_engine_config(_vllm_config(spec=spec, **settings))
@@ -157,9 +168,28 @@ def test_vllms_step_budget_warning_is_explained_where_vllm_gives_it(caplog):
     with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
         startup.check_engine_config(_vllm_config(max_num_batched_tokens=2048))
         startup.check_engine_config(_vllm_config(max_num_batched_tokens=8192))
-    (note,) = [r.getMessage() for r in caplog.records]
+    (note,) = [r.getMessage() for r in caplog.records if "max_num_scheduled_tokens" in r.getMessage()]
     assert note.startswith("vllm-lookahead: vLLM's warning \"max_num_scheduled_tokens is set to 2048 based on")
     assert "every speculative method" in note and f"lookahead's {LookaheadConfig().max_draft_tokens} " in note
+
+
+def test_vllms_custom_class_and_triton_lines_are_explained_once(caplog, monkeypatch):
+    """vLLM warns that custom_class proposers are experimental and turns async scheduling off; on
+    CPU with the triton package present it says both that Triton is installed without a CPU
+    backend and that it is not installed: the plugin says once what each means."""
+    import importlib.util
+
+    with caplog.at_level(logging.INFO, logger="vllm.lookahead"):
+        startup.check_engine_config(_vllm_config(max_num_batched_tokens=8192))
+    notes = [r.getMessage() for r in caplog.records]
+    assert len([n for n in notes if "custom class-based proposer backend" in n and "Async scheduling" in n]) == 1
+    cpu = _vllm_config(max_num_batched_tokens=8192)
+    cpu.device_config = SimpleNamespace(device_type="cpu")
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else find(name, *a))
+    assert any("Triton is not installed. triton-cpu is expected" in n for n in startup.start_notes(cpu))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else find(name, *a))
+    assert not any("Triton" in n for n in startup.start_notes(cpu))
 
 
 def test_the_draft_length_schedule_vllm_drops_under_data_parallelism_is_put_back(caplog):

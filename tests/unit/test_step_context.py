@@ -1,4 +1,4 @@
-"""Which lookahead state a worker process runs (engine/step_context.py), and the hooks that read
+"""Which lookahead state a worker process runs (engine/hooks/step_context.py), and the hooks that read
 the step's trees through it without a model runner: the grammar-bitmask hook and the counters."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_lookahead.engine import stats, step_context
-from vllm_lookahead.engine.step_context import STEP_CONTEXT, StepContext
+from vllm_lookahead.engine.hooks import step_context
+from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT, StepContext
+from vllm_lookahead.engine.metrics import stats
 
 
 @pytest.fixture(autouse=True)
@@ -49,15 +50,21 @@ def test_live_stats_are_the_registered_states():
 
 def test_the_runner_state_registers_itself_when_created():
     pytest.importorskip("vllm")
-    from vllm_lookahead.engine.proposer import LookaheadProposer
+    from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
     from vllm_lookahead.engine.runner import RunnerLookahead
 
     STEP_CONTEXT.clear()
     model = SimpleNamespace(max_model_len=4096, uses_mrope=False)
-    vllm_config = SimpleNamespace(additional_config={"lookahead": {}}, model_config=model,
-                                  device_config=SimpleNamespace(device_type="cpu"))
-    runner = SimpleNamespace(vllm_config=vllm_config, model_config=model, drafter=LookaheadProposer(vllm_config),
-                             input_batch=SimpleNamespace(req_ids=[]), requests={})
+    vllm_config = SimpleNamespace(
+        additional_config={"lookahead": {}}, model_config=model, device_config=SimpleNamespace(device_type="cpu")
+    )
+    runner = SimpleNamespace(
+        vllm_config=vllm_config,
+        model_config=model,
+        drafter=LookaheadProposer(vllm_config),
+        input_batch=SimpleNamespace(req_ids=[]),
+        requests={},
+    )
     state = RunnerLookahead.of(runner)
     assert STEP_CONTEXT.owner is state and RunnerLookahead.of(runner) is state
     assert runner.drafter.owner is state  # the proposer forwards to it
@@ -72,10 +79,12 @@ class _SchedulerOutput:
 
 def test_the_grammar_hook_reads_the_steps_trees():
     pytest.importorskip("vllm")
-    from vllm_lookahead.engine import patches
+    from vllm_lookahead.engine.hooks import patches
 
     seen = []
-    hook = patches._apply_grammar_bitmask(lambda out, grammar, batch, logits: seen.append(out.scheduled_spec_decode_tokens))
+    hook = patches._apply_grammar_bitmask(
+        lambda out, grammar, batch, logits: seen.append(out.scheduled_spec_decode_tokens)
+    )
     spec = {"a": [1, 2, 3, 4]}
     STEP_CONTEXT.clear()
     hook(_SchedulerOutput(spec), None, None, None)  # no lookahead state: vLLM's rows as they are
@@ -90,7 +99,9 @@ def test_the_grammar_hook_reads_the_steps_trees():
 
 def test_the_readers_do_not_import_the_runner():
     """No import circle: the runner imports its readers' modules, never the other way."""
-    code = ("import sys, vllm_lookahead.engine.stats, vllm_lookahead.engine.proposer, "
-            "vllm_lookahead.engine.step_context; print('vllm_lookahead.engine.runner' in sys.modules)")
+    code = (
+        "import sys, vllm_lookahead.engine.metrics.stats, vllm_lookahead.engine.hooks.proposer, "
+        "vllm_lookahead.engine.hooks.step_context; print('vllm_lookahead.engine.runner' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"

@@ -14,8 +14,8 @@ pytest.importorskip("vllm")
 from vllm.v1.sample.logits_processor.interface import BatchUpdate  # noqa: E402
 from vllm.v1.sample.thinking_budget_state import ThinkingBudgetStateHolder  # noqa: E402
 
-from vllm_lookahead.engine.thinking_budget import ThinkingLimit  # noqa: E402
-from vllm_lookahead.testing.thinking import forced_tokens, random_decode  # noqa: E402
+from support.thinking import forced_tokens, random_decode  # noqa: E402
+from vllm_lookahead.engine.propose.thinking_budget import ThinkingLimit  # noqa: E402
 
 VOCAB = 10
 MARKERS = [([5], [7]), ([5, 6], [7, 6]), ([5, 6], [8]), ([5], [7, 8, 9])]
@@ -55,9 +55,17 @@ def test_room_reads_the_holders_count_and_cut_stops_before_markers():
     reasoning = SimpleNamespace(reasoning_start_token_ids=start, reasoning_end_token_ids=end)
     holder = ThinkingBudgetStateHolder(reasoning, 2, 0, torch.device("cpu"), False)
     # Request 0: the prompt opened a section 2 tokens ago; request 1 has no budget.
-    holder.sync_batch(BatchUpdate(batch_size=2, removed=[], added=[
-        (0, SimpleNamespace(thinking_token_budget=10), [1, 5, 6, 1, 1], []),
-        (1, SimpleNamespace(thinking_token_budget=None), [1], [])], moved=[]))
+    holder.sync_batch(
+        BatchUpdate(
+            batch_size=2,
+            removed=[],
+            added=[
+                (0, SimpleNamespace(thinking_token_budget=10), [1, 5, 6, 1, 1], []),
+                (1, SimpleNamespace(thinking_token_budget=None), [1], []),
+            ],
+            moved=[],
+        )
+    )
     limit = ThinkingLimit(holder)
     # The holder counts 1 of the prompt's 2 thinking tokens (with a 2-token start marker it starts
     # one token late) + 1 new: the row at depth d samples its thinking token 3 + d, which must stay
@@ -73,5 +81,6 @@ def test_no_limit_without_a_holder_or_an_end_marker():
     assert ThinkingLimit.of(runner) is None
     reasoning = SimpleNamespace(reasoning_start_token_ids=[5], reasoning_end_token_ids=[])
     runner.input_batch.thinking_budget_state_holder = ThinkingBudgetStateHolder(
-        reasoning, 1, 0, torch.device("cpu"), False)
+        reasoning, 1, 0, torch.device("cpu"), False
+    )
     assert ThinkingLimit.of(runner) is None

@@ -1,4 +1,4 @@
-"""Batched draft-row attention (engine/attention.py) against a per-request reference.
+"""Batched draft-row attention (engine/step/attention.py) against a per-request reference.
 
 The reference is the definition: each draft row attends, with plain SDPA, to
 the request's whole context plus its tree ancestors, read from the paged cache
@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from vllm_lookahead.core import TreeBuilder
-from vllm_lookahead.engine import attention
-from vllm_lookahead.engine.kv import PagedKV, gather_sequence, kv_views
-from vllm_lookahead.engine.tree_batch import TreeBatch, TreeRequest, draft_rows_mask
+from vllm_lookahead.engine.step import attention
+from vllm_lookahead.engine.step.kv import PagedKV, gather_sequence, kv_views
+from vllm_lookahead.engine.step.tree_batch import TreeBatch, TreeRequest, draft_rows_mask
 
 
 def _random_tree(rng, size):
@@ -72,7 +72,9 @@ def test_batched_tree_attention_matches_per_request_reference(backend, seed):
 
     expected = out.clone().view(tokens, heads, d)
     for tr in requests:
-        expected[tr.token_start + 1 : tr.token_start + tr.num_nodes] = attend(tr, draft_rows_mask(tr.tree, tr.context_len))
+        expected[tr.token_start + 1 : tr.token_start + tr.num_nodes] = attend(
+            tr, draft_rows_mask(tr.tree, tr.context_len)
+        )
 
     attention.fix_draft_rows(impl, query, None, cache, out, batch)
     assert batch.tree_attention_layers == 1
@@ -88,8 +90,14 @@ def test_chains_need_no_recomputation():
     tree = chain.build()
     tr = TreeRequest(0, "r", tree, None, 0, 10, tree.logit_rows())
     assert tr.first_branch_node == 4
-    batch = TreeBatch([tr], torch.zeros(0), torch.zeros(0), torch.zeros(0),
-                      block_table=torch.zeros(1, 4, dtype=torch.int32), kv=PagedKV("CPU_ATTN", [], 16))
+    batch = TreeBatch(
+        [tr],
+        torch.zeros(0),
+        torch.zeros(0),
+        torch.zeros(0),
+        block_table=torch.zeros(1, 4, dtype=torch.int32),
+        kv=PagedKV("CPU_ATTN", [], 16),
+    )
     assert not batch.needs_tree_attention
     assert batch.draft_rows is None
     branched = TreeBuilder(1)
@@ -114,8 +122,13 @@ def test_vllm_cpu_kernel_with_tree_rows_cut_plus_the_pass_is_tree_attention():
     # (context, step rows, tree or None): plain decode, tree, prefill chunk, tree, tree (chain only)
     chain = TreeBuilder(3)
     chain.add_chain(0, [4, 5], True)
-    specs = [(40, 1, None), (70, 0, _random_tree(rng, 9)), (0, 20, None), (33, 0, _random_tree(rng, 12)),
-             (5, 0, chain.build())]
+    specs = [
+        (40, 1, None),
+        (70, 0, _random_tree(rng, 9)),
+        (0, 20, None),
+        (33, 0, _random_tree(rng, 12)),
+        (5, 0, chain.build()),
+    ]
     table = torch.from_numpy(rng.permutation(num_blocks)[: 5 * 6].reshape(5, 6)).to(torch.int32)
     requests, starts, seq_lens, seqs, start = [], [0], [], [], 0
     for i, (ctx, rows, tree) in enumerate(specs):
@@ -123,8 +136,9 @@ def test_vllm_cpu_kernel_with_tree_rows_cut_plus_the_pass_is_tree_attention():
         length = ctx + n
         k, v = torch.randn(length, hkv, d), torch.randn(length, hkv, d)
         slots = torch.tensor([int(table[i, p // bs]) * bs + p % bs for p in range(length)])
-        ops.cpu_attn_reshape_and_cache(k, v, k_cache, v_cache, slots, "vec", k_scale=1.0, v_scale=1.0,
-                                       kv_cache_dtype="auto")
+        ops.cpu_attn_reshape_and_cache(
+            k, v, k_cache, v_cache, slots, "vec", k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+        )
         if tree is not None:
             requests.append(TreeRequest(i, f"r{i}", tree, None, start, ctx, tree.logit_rows()))
         seqs.append((ctx, n, tree, k, v))
@@ -137,28 +151,62 @@ def test_vllm_cpu_kernel_with_tree_rows_cut_plus_the_pass_is_tree_attention():
     key = qkv[:, heads * d : (heads + hkv) * d].view(tokens, hkv, d)
     for (ctx, n, _, k, _), s in zip(seqs, starts):
         key[s : s + n] = k[ctx:]  # the step's keys, as written to the cache
-    scale = d ** -0.5
+    scale = d**-0.5
     qsl = torch.tensor(starts, dtype=torch.int32)
     sl = torch.tensor(seq_lens, dtype=torch.int32)
-    sched = ops.cpu_attn_get_scheduler_metadata(num_reqs=len(specs), num_heads=heads, num_kv_heads=hkv, head_dim=d,
-                                                seq_lens=sl, dtype=torch.float32, query_start_loc=qsl, causal=True,
-                                                sliding_window_size=-1, isa="vec", enable_kv_split=False)
-    meta = CPUAttentionMetadata(num_actual_tokens=tokens, max_query_len=20, query_start_loc=qsl, max_seq_len=max(seq_lens),
-                                seq_lens=sl, block_table=table, slot_mapping=torch.zeros(tokens, dtype=torch.long),
-                                scheduler_metadata=sched)
-    impl = SimpleNamespace(num_heads=heads, num_kv_heads=hkv, head_size=d, scale=scale, sliding_window=-1,
-                           kv_cache_dtype="auto")
+    sched = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(specs),
+        num_heads=heads,
+        num_kv_heads=hkv,
+        head_dim=d,
+        seq_lens=sl,
+        dtype=torch.float32,
+        query_start_loc=qsl,
+        causal=True,
+        sliding_window_size=-1,
+        isa="vec",
+        enable_kv_split=False,
+    )
+    meta = CPUAttentionMetadata(
+        num_actual_tokens=tokens,
+        max_query_len=20,
+        query_start_loc=qsl,
+        max_seq_len=max(seq_lens),
+        seq_lens=sl,
+        block_table=table,
+        slot_mapping=torch.zeros(tokens, dtype=torch.long),
+        scheduler_metadata=sched,
+    )
+    impl = SimpleNamespace(
+        num_heads=heads, num_kv_heads=hkv, head_size=d, scale=scale, sliding_window=-1, kv_cache_dtype="auto"
+    )
     kv = PagedKV("CPU_ATTN", [cache], bs)
     batch = TreeBatch(requests, torch.zeros(0), torch.zeros(0), torch.zeros(0), block_table=table, kv=kv)
     cut = attention.kernel_metadata(meta, batch, impl, SimpleNamespace(isa="vec"), torch.float32)
     assert cut is not meta and attention.kernel_metadata(meta, batch, impl, None, torch.float32) is cut  # once per step
-    assert cut.seq_lens.tolist()[:3] == [41, 70 + requests[0].first_branch_node, requests[0].num_nodes - requests[0].first_branch_node]
+    assert cut.seq_lens.tolist()[:3] == [
+        41,
+        70 + requests[0].first_branch_node,
+        requests[0].num_nodes - requests[0].first_branch_node,
+    ]
 
     out = torch.full((tokens, heads, d), float("nan"))
-    ops.cpu_attention_with_kv_cache(query=query, key_cache=k_cache, value_cache=v_cache, output=out,
-                                    query_start_loc=cut.query_start_loc, seq_lens=cut.seq_lens, scale=scale,
-                                    causal=True, alibi_slopes=None, sliding_window=-1, block_table=cut.block_table,
-                                    softcap=0, scheduler_metadata=cut.scheduler_metadata, s_aux=None)
+    ops.cpu_attention_with_kv_cache(
+        query=query,
+        key_cache=k_cache,
+        value_cache=v_cache,
+        output=out,
+        query_start_loc=cut.query_start_loc,
+        seq_lens=cut.seq_lens,
+        scale=scale,
+        causal=True,
+        alibi_slopes=None,
+        sliding_window=-1,
+        block_table=cut.block_table,
+        softcap=0,
+        scheduler_metadata=cut.scheduler_metadata,
+        s_aux=None,
+    )
     attention.fix_draft_rows(impl, query, key, cache, out, batch)
     assert kv.layout_checked
 
@@ -169,6 +217,11 @@ def test_vllm_cpu_kernel_with_tree_rows_cut_plus_the_pass_is_tree_attention():
             mask[:, ctx:] = torch.from_numpy(tree.ancestor_mask())
         q = query[s : s + n].transpose(0, 1)
         expected[s : s + n] = F.scaled_dot_product_attention(
-            q[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, scale=scale, enable_gqa=True,
+            q[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
         )[0].transpose(0, 1)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)

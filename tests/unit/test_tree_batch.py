@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
+from support.drafting import draft_one
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import DraftTree, RequestLookahead
-from vllm_lookahead.engine.tree_batch import build_tree_batch, draft_rows_mask, tree_for_scheduled
-from vllm_lookahead.testing.drafting import draft_one
+from vllm_lookahead.engine.step.tree_batch import build_tree_batch, draft_rows_mask, tree_for_scheduled
 
 
 def _draft(seed=0):
@@ -58,7 +58,9 @@ def test_logits_rows_as_drafts_matches_logits_layout():
     spec = draft.tree.draft_tokens
     n = 1 + len(spec)
     qsl = np.array([0, 1, 1 + n])
-    batch = build_tree_batch(["a", "b"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl), np.array([5, 20]), torch.device("cpu"))
+    batch = build_tree_batch(
+        ["a", "b"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl), np.array([5, 20]), torch.device("cpu")
+    )
     view = batch.logits_rows_as_drafts({"b": spec})
     # vLLM's row walk (1 + len(drafts) rows per request) must land on our layout
     rows = sum(1 + len(view.get(r, ())) for r in ("a", "b"))
@@ -73,8 +75,16 @@ def test_roots_first_layout_puts_every_root_row_first():
     spec = draft.tree.draft_tokens
     n = 1 + len(spec)
     qsl = np.array([0, 10, 10 + n, 11 + n])
-    batch = build_tree_batch(["a", "b", "c"], {"b": spec}, {"b": draft}.get, qsl, np.diff(qsl),
-                             np.array([0, 20, 30]), torch.device("cpu"), roots_first=True)
+    batch = build_tree_batch(
+        ["a", "b", "c"],
+        {"b": spec},
+        {"b": draft}.get,
+        qsl,
+        np.diff(qsl),
+        np.array([0, 20, 30]),
+        torch.device("cpu"),
+        roots_first=True,
+    )
     logit_nodes = draft.tree.logit_rows()
     assert batch.roots_first
     assert batch.logits_indices.tolist() == [9, 10, 10 + n, *(10 + logit_nodes[1:]).tolist()]

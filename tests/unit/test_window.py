@@ -195,9 +195,7 @@ def test_window_ngrams_are_facts_of_an_order_n_minus_1_model(width, ngram, seed,
         outputs_nodes = window.add_to_tree(builder)
         tree = builder.build()
         run = data.draw(st.integers(1, tree.size))
-        outputs = np.array(
-            [oracle([5, 5] + node_text(tree, k)) if k < run else -1 for k in outputs_nodes]
-        )
+        outputs = np.array([oracle([5, 5] + node_text(tree, k)) if k < run else -1 for k in outputs_nodes])
         was_full = window.full
         ngrams = window.update(outputs, data.draw(st.integers(0, ngram - 1)), [1, 2])
         assert len(ngrams) == (int((outputs >= 0).sum()) if was_full else 0)

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .fitted import FITTED
 from .step_cost import StepCost
@@ -252,7 +252,9 @@ class LeadConfidence:
         if drafted and self.pooled is not None:  # against the request's own estimate (the pooled shift left out)
             self.pooled.first.add(1, int(accepted > 0), _sigmoid(self._first_logit(e) + self.first_record.shift))
             if nexts > 0:
-                self.pooled.next.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e) + self.next_record.shift))
+                self.pooled.next.add(
+                    nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e) + self.next_record.shift)
+                )
         self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(e)))
         if nexts > 0:
             self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e)))
@@ -266,9 +268,18 @@ class Acceptance:
     candidate: _Rate = field(default_factory=lambda: _Rate(PRIORS["candidate"]))
     window_column: _Rate = field(default_factory=lambda: _Rate(PRIORS["window_column"], cap=1.0))
 
-    def observe(self, *, lead: int, lead_accepted: int, candidates: int, accepted: int,
-                window_columns: int, window_accepted: int, evidence: LeadEvidence = LeadEvidence(),
-                lead_drafted: bool = True) -> None:
+    def observe(
+        self,
+        *,
+        lead: int,
+        lead_accepted: int,
+        candidates: int,
+        accepted: int,
+        window_columns: int,
+        window_accepted: int,
+        evidence: LeadEvidence = LeadEvidence(),
+        lead_drafted: bool = True,
+    ) -> None:
         """One verified step: a lead of ``lead`` tokens (found on ``evidence``), of which
         ``lead_accepted`` accepted; ``candidates`` further candidates; ``accepted`` draft tokens in
         all; ``window_columns`` columns run; ``window_accepted`` accepted tokens that came from
@@ -285,10 +296,10 @@ class DraftOptions:
     """What one request could draft this step (known before the tree is built)."""
 
     lead_gains: tuple[float, ...] = ()  # per lead token: P(it and every lead token before it are accepted)
-    candidate_rows: tuple[int, ...] = ()   # draft nodes each further candidate would add, in order
-    candidate_gain: float = 0.0            # expected accepted tokens per further candidate
+    candidate_rows: tuple[int, ...] = ()  # draft nodes each further candidate would add, in order
+    candidate_gain: float = 0.0  # expected accepted tokens per further candidate
     window_column_rows: tuple[int, ...] = ()  # draft nodes of window column 0, 1, ...
-    window_column_gain: float = 0.0        # expected (later) accepted tokens per column-step
+    window_column_gain: float = 0.0  # expected (later) accepted tokens per column-step
     fixed_seconds: float = 0.0  # what drafting anything costs this request beyond its rows (verifying its tree)
 
     @property
@@ -300,7 +311,7 @@ class DraftOptions:
 @dataclass(frozen=True)
 class DraftPlan:
     lead: int = 0
-    candidates: int = 0      # further candidates after the lead
+    candidates: int = 0  # further candidates after the lead
     window_columns: int = 0
 
     @property
@@ -322,8 +333,9 @@ def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
     return max(0.0, cheapest) / cost.chain_forward(base_tokens)
 
 
-def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None,
-              host_seconds: float = 0.0) -> list[DraftPlan]:
+def plan_step(
+    options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None
+) -> list[DraftPlan]:
     """Each request's plan for the next forward (``None`` options: a request that cannot draft).
 
     ``base_tokens``: tokens the forward carries without drafts, one per request decoding, each
@@ -331,9 +343,6 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     requests that are not offered here (no room, not eligible, resting) count in it: they emit their
     token too, and a plan that counted only the offered requests would value a draft token above
     what it adds to the batch's tokens per second.
-    ``host_seconds``: what a step with any draft costs the host beyond the forward (its proposal):
-    a fixed price, so it decides the step as a whole -- the plan stands only if its expected
-    tokens per second, that price included, beat not drafting at all; else no request drafts.
     A request's own fixed price (``DraftOptions.fixed_seconds``: verifying its tree) is paid by
     its first draft token, which is taken only where some prefix of its lead pays that price
     with its rows (or, without a lead, some prefix of its further pieces).
@@ -342,15 +351,13 @@ def plan_step(options: Sequence[DraftOptions | None], cost: StepCost, base_token
     tokens = float(n if base_tokens is None else base_tokens)
     step = _Step(tokens, 0.0, max(tokens, float(n)), cost.forward(max(tokens, 1.0)))
     # A window still at its first level: column 0 is the root itself (no rows), free to run.
-    cols = [int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0
-                and o.window_column_gain > 0) for o in options]
-    bare = step.expected / step.time
+    cols = [
+        int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0 and o.window_column_gain > 0)
+        for o in options
+    ]
     lead = _plan_leads(options, cost, step)
     cands = _plan_branches(options, cost, step, lead, cols)
-    plans = [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
-    if host_seconds > 0 and step.tokens > tokens and step.expected / (step.time + host_seconds) <= bare:
-        return [DraftPlan() for _ in range(n)]
-    return plans
+    return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
 
 
 @dataclass
@@ -368,7 +375,9 @@ def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _S
     """Phase 1: lead tokens, most likely first (the gains fall with i: each request's tokens come
     in order), while a token adds more expected tokens than the time it adds costs."""
     lead = [0] * len(options)
-    heap = [(-o.lead_gains[0], r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_gains[0] > 0]
+    heap = [
+        (-o.lead_gains[0], r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_gains[0] > 0
+    ]
     heapq.heapify(heap)
     while heap:
         neg_gain, r, i = heapq.heappop(heap)
@@ -422,8 +431,9 @@ def _pieces(o: DraftOptions, lead: int, first_column: int) -> list:
     return _merge_in_order(candidates, columns)
 
 
-def _plan_branches(options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int],
-                   cols: list[int]) -> list[int]:
+def _plan_branches(
+    options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int], cols: list[int]
+) -> list[int]:
     """Phase 2: further candidates and window columns (``cols`` updated in place; the candidates
     returned).  A tree's first branching piece pays the step's fixed tree price
     (tree_step_seconds) for every piece after it, so each request takes the best *prefix* of its

@@ -1,6 +1,6 @@
 """One decode step's drafts for the requests that draft: the draft rule's plan for the whole
 batch, then each request's tree -- the step the engine runs (engine/runner.py) and the replay
-models (bench/replay.py), written once.
+models (benchmarks/replay.py), written once.
 
 A request drafts from its :class:`~.request.StepCandidates` (the lead and further candidates
 below its last token, :meth:`~.request.RequestLookahead.step_candidates`) and its Jacobi window.
@@ -13,8 +13,8 @@ if it fits).  Output tokens never depend on what is drafted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from .draft_rule import plan_step
 from .request import RequestLookahead, StepCandidates, StepDraft
@@ -27,25 +27,40 @@ class DraftRequest:
 
     state: RequestLookahead
     candidates: StepCandidates
-    room: int                  # at most this many draft nodes
-    window: bool = True        # False: the verification branch only
-    merge: bool | None = None  # trie-merge candidates sharing a prefix (None: the config's merge_candidates)
+    room: int  # at most this many draft nodes
+    window: bool = True  # False: the verification branch only
+    merge: bool | None = None  # trie-merge candidates sharing a prefix (None: the config's ablation setting)
     verify_seconds: float = 0.0  # what verifying its tree costs, whatever its size (the draft rule's price)
 
 
-def draft_step(requests: Sequence[DraftRequest], cost: StepCost | None, base_tokens: int | None = None,
-               host_seconds: float = 0.0) -> list[StepDraft]:
+def draft_step(
+    requests: Sequence[DraftRequest], cost: StepCost | None, base_tokens: int | None = None
+) -> list[StepDraft]:
     """Each request's tree for the next forward, in order.  ``cost``: plan with the draft rule
-    under this forward-cost model (``"auto"``), the forward carrying ``base_tokens`` tokens
-    without drafts (default: one per request), a drafting step's host work priced at
-    ``host_seconds``; None: full trees within each request's room."""
+    under this forward-cost model (:attr:`~vllm_lookahead.config.DraftMode.AUTO`), the forward
+    carrying ``base_tokens`` tokens without drafts (default: one per request); None: full trees
+    within each request's room."""
     if cost is None:
-        return [r.state.build(r.candidates, candidates=None, window_columns=None if r.window else 0, merge=r.merge,
-                              budget=r.room) for r in requests]
+        return [
+            r.state.build(
+                r.candidates, candidates=None, window_columns=None if r.window else 0, merge=r.merge, budget=r.room
+            )
+            for r in requests
+        ]
     if not requests:
         return []
-    options = [replace(r.state.draft_options(r.candidates, window=r.window), fixed_seconds=r.verify_seconds)
-               for r in requests]
-    plans = plan_step(options, cost, base_tokens=base_tokens, host_seconds=host_seconds)
-    return [r.state.build(r.candidates, lead=p.lead, candidates=p.candidates, window_columns=p.window_columns,
-                          merge=r.merge, budget=r.room) for r, p in zip(requests, plans)]
+    options = [
+        replace(r.state.draft_options(r.candidates, window=r.window), fixed_seconds=r.verify_seconds) for r in requests
+    ]
+    plans = plan_step(options, cost, base_tokens=base_tokens)
+    return [
+        r.state.build(
+            r.candidates,
+            lead=p.lead,
+            candidates=p.candidates,
+            window_columns=p.window_columns,
+            merge=r.merge,
+            budget=r.room,
+        )
+        for r, p in zip(requests, plans)
+    ]

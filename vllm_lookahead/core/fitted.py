@@ -2,7 +2,7 @@
 
 The draft rule's acceptance model (:mod:`.draft_rule`: how likely a lead's tokens are accepted
 by where it was found, what a further candidate or window column adds) and the bundled CPU
-forward-cost profile (:mod:`vllm_lookahead.engine.cost_profile`) are measurements of a model on
+forward-cost profile (:mod:`vllm_lookahead.engine.propose.cost_profile`) are measurements of a model on
 a machine, not design choices.  They live in one data file, shipped with the package, where each
 entry names the recording it was fitted on (``docs/bench/...``), where the fit is written up
 (``docs/archive/...``) and the command that refits it; the modules that use them read

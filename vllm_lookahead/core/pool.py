@@ -27,7 +27,8 @@ so incremental learning never rescans history.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -178,13 +179,14 @@ class SharedPools:
     """
 
     def __init__(self, ngram_size: int, guess_set_size: int, max_keys: int, lookup_context: int) -> None:
-        self.pools = {k: NgramPool(ngram_size, guess_set_size, max_keys, context=k)
-                      for k in range(lookup_context, 0, -1)}
+        self.pools = {
+            k: NgramPool(ngram_size, guess_set_size, max_keys, context=k) for k in range(lookup_context, 0, -1)
+        }
 
     @classmethod
-    def for_params(cls, params: LookaheadConfig) -> SharedPools:
-        """Shared pools shaped like every request's text pools under ``params``."""
-        return cls(params.ngram_size, params.guess_set_size, params.max_pool_keys, params.lookup_context)
+    def for_config(cls, config: LookaheadConfig) -> SharedPools:
+        """Shared pools shaped like every request's text pools under ``config``."""
+        return cls(config.ngram_size, config.guess_set_size, config.max_pool_keys, config.lookup_context)
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
         for pool in self.pools.values():

@@ -26,19 +26,22 @@ Alg. 2) for one request is:
 
 The parameters are the validated :class:`~vllm_lookahead.config.LookaheadConfig`
 (read-only here; ``LookaheadConfig()`` = the shipped defaults).  The engine glue
-only moves tokens and argmax arrays in and out; all decisions live here.  Per-step cost is bounded by the tree size and the number of new
+only moves tokens and argmax arrays in and out; all decisions live here.  Per-step cost is bounded by the tree
+size and the number of new
 tokens -- never by the pool size or the sequence length.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .draft_length import DraftLength
 from .draft_rule import Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
+from .mode import DraftMode
 from .pool import SharedPools
 from .request_text import RequestText
 from .source import Source
@@ -77,7 +80,7 @@ class StepCandidates:
     """What the pools offer below one root this step, before a tree is built."""
 
     root: int
-    lead: tuple[int, ...]          # the lead candidate, grown to the request's lead length (or cut to the room)
+    lead: tuple[int, ...]  # the lead candidate, grown to the request's lead length (or cut to the room)
     lead_sources: list[int]
     others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
     lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (the rule's confidence in it)
@@ -90,24 +93,28 @@ class RequestLookahead:
 
     def __init__(
         self,
-        params: "LookaheadConfig",
+        config: LookaheadConfig,
         prompt_token_ids: Sequence[int],
         seed: int,
         shared: SharedPools | None = None,
         pooled: PooledConfidence | None = None,
     ) -> None:
-        self.params = params
-        self.text = RequestText(params, prompt_token_ids, shared)  # its pools: lookups and learning
+        self.config = config
+        self.text = RequestText(config, prompt_token_ids, shared)  # its pools: lookups and learning
         self.rng = np.random.default_rng(seed)
         # W = 0: no lookahead branch (the verification branch alone, from the text pools).
-        self.window = JacobiWindow(
-            params.window_size,
-            params.ngram_size,
-            prompt_token_ids,
-            self.rng,
-            shift=params.window_shift,
-        ) if params.window_size else None
-        self.lead_length = DraftLength(params.ngram_size - 1, params.lead_tokens)
+        self.window = (
+            JacobiWindow(
+                config.window_size,
+                config.ngram_size,
+                prompt_token_ids,
+                self.rng,
+                shift=config.ablation.window_shift,
+            )
+            if config.window_size
+            else None
+        )
+        self.lead_length = DraftLength(config.ngram_size - 1, config.lead_tokens)
         # what this request's drafts have been accepted at (draft rule), its leads' estimates
         # shifted by ``pooled`` (how the engine's drafted leads of the same kind fared against them)
         self.acceptance = Acceptance(lead=LeadConfidence(pooled=pooled))
@@ -116,10 +123,14 @@ class RequestLookahead:
     @property
     def window_tokens(self) -> int:
         """Tree nodes the window adds this step (root excluded)."""
-        return self.params.window_size * self.window.filled - 1 if self.window is not None else 0
+        return self.config.window_size * self.window.filled - 1 if self.window is not None else 0
 
     def step_candidates(
-        self, root_token: int, recent: Sequence[int] = (), room: int | None = None, max_candidates: int | None = None,
+        self,
+        root_token: int,
+        recent: Sequence[int] = (),
+        room: int | None = None,
+        max_candidates: int | None = None,
         min_gain: float = 0.0,
     ) -> StepCandidates:
         """The candidates below ``root_token`` (the last accepted token): the lead, grown to
@@ -134,8 +145,8 @@ class RequestLookahead:
         add less than this (:func:`~.draft_rule.lead_floor`) could never be chosen and are not
         looked up.
         """
-        params = self.params
-        recent = [int(t) for t in recent[max(0, len(recent) - params.lookup_context) :]]
+        config = self.config
+        recent = [int(t) for t in recent[max(0, len(recent) - config.lookup_context) :]]
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = room if room is not None else 1 << 30
@@ -148,17 +159,23 @@ class RequestLookahead:
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
             # its length follows what was accepted (DraftLength).
-            evidence = LeadEvidence(pool.context, max(1, pool.support(recent, found[0][0][0])),
-                                    shared=found[0][1] == Source.SHARED)
-            if params.cost_rule:
+            evidence = LeadEvidence(
+                pool.context, max(1, pool.support(recent, found[0][0][0])), shared=found[0][1] == Source.SHARED
+            )
+            if config.mode is DraftMode.AUTO:
                 # one more than can pay: a left-out token is still checked against the emitted one
-                length = min(params.lead_tokens,
-                             1 + self.acceptance.lead.tokens_above(evidence, min_gain, params.lead_tokens))
+                length = min(
+                    config.lead_tokens, 1 + self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens)
+                )
             else:
                 length = self.lead_length.current
             lead, lead_sources = self.text.grow_lead(found[0][0], found[0][1], recent, min(room, length))
         return StepCandidates(
-            int(root_token), lead, lead_sources, found[1:] if lead else [], lead_evidence=evidence,
+            int(root_token),
+            lead,
+            lead_sources,
+            found[1:] if lead else [],
+            lead_evidence=evidence,
         )
 
     def draft_options(self, cands: StepCandidates, window: bool = True) -> DraftOptions:
@@ -189,19 +206,23 @@ class RequestLookahead:
         """The tree of ``cands``: the lead cut to ``lead`` tokens, ``candidates`` further candidates
         (None: as many as fit ``budget`` whole, in order), the first ``window_columns`` window
         columns (None: the whole window if it fits ``budget``), at most ``budget`` draft nodes."""
-        params = self.params
+        config = self.config
         room = budget if budget is not None else 1 << 30
         lead_tokens = cands.lead[: min(room, len(cands.lead) if lead is None else lead)]
         window = self.window if window_columns != 0 else None
-        if not lead_tokens and (window is None or (window_columns is not None and window.tree_nodes(window_columns) == 0)):
+        if not lead_tokens and (
+            window is None or (window_columns is not None and window.tree_nodes(window_columns) == 0)
+        ):
             return self._nothing_drafted(cands, window_columns if window is not None else 0)
         builder = TreeBuilder(cands.root)
-        merge = params.merge_candidates if merge is None else merge
+        merge = config.ablation.merge_candidates if merge is None else merge
         used = 0
         if lead_tokens:
-            builder.add_chain(0, lead_tokens, needs_logits=True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)])
+            builder.add_chain(
+                0, lead_tokens, needs_logits=True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)]
+            )
             used = 1
-            for continuation, source in cands.others[: candidates]:
+            for continuation, source in cands.others[:candidates]:
                 if builder.size - 1 + len(continuation) > room:
                     break  # keep the order: a later (less likely) candidate never jumps the queue
                 builder.add_chain(0, continuation, needs_logits=True, merge=merge, sources=source)
@@ -219,8 +240,12 @@ class RequestLookahead:
                 window_start = builder.size  # the lookahead branch: every node from here on
                 window_nodes = self.window.add_to_tree(builder, root=0, columns=window_columns)
         draft = StepDraft(
-            tree=builder.build(), window_nodes=window_nodes, num_candidates=used, lead_tokens=len(lead_tokens),
-            sources=builder.sources, window_start=window_start,
+            tree=builder.build(),
+            window_nodes=window_nodes,
+            num_candidates=used,
+            lead_tokens=len(lead_tokens),
+            sources=builder.sources,
+            window_start=window_start,
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
             lead_evidence=cands.lead_evidence,
         )
@@ -236,9 +261,15 @@ class RequestLookahead:
         window_nodes, window_start = _NO_NODES, None
         if window_columns and self.window is not None:
             window_nodes, window_start = self.window.add_to_tree(TreeBuilder(cands.root), 0, window_columns), 1
-        draft = StepDraft(tree=DraftTree.root_only(cands.root), window_nodes=window_nodes, num_candidates=0,
-                          sources=_ROOT_SOURCES, window_start=window_start,
-                          shadow_token=int(cands.lead[0]) if cands.lead else -1, lead_evidence=cands.lead_evidence)
+        draft = StepDraft(
+            tree=DraftTree.root_only(cands.root),
+            window_nodes=window_nodes,
+            num_candidates=0,
+            sources=_ROOT_SOURCES,
+            window_start=window_start,
+            shadow_token=int(cands.lead[0]) if cands.lead else -1,
+            lead_evidence=cands.lead_evidence,
+        )
         self._unsent = draft if draft.shadow_token >= 0 else None
         return draft
 
@@ -300,7 +331,9 @@ class RequestLookahead:
         drafted = lead > 0
         lead_tokens = draft.tree.tokens[1 : lead + 1]
         lead_accepted = 0
-        while lead_accepted < min(lead, accepted) and int(lead_tokens[lead_accepted]) == int(accepted_tokens[lead_accepted]):
+        while lead_accepted < min(lead, accepted) and int(lead_tokens[lead_accepted]) == int(
+            accepted_tokens[lead_accepted]
+        ):
             lead_accepted += 1
         window_nodes = draft.window_nodes
         columns = int(((window_nodes >= 0) & (window_nodes < num_nodes_run)).sum()) if window_nodes.size else 0
@@ -313,10 +346,14 @@ class RequestLookahead:
             if int(accepted_tokens[accepted]) == draft.shadow_token:
                 lead_accepted += 1
         self.acceptance.observe(
-            lead=lead, lead_accepted=lead_accepted,
+            lead=lead,
+            lead_accepted=lead_accepted,
             candidates=further,
-            accepted=accepted, window_columns=columns, window_accepted=window_accepted,
-            evidence=draft.lead_evidence, lead_drafted=drafted,
+            accepted=accepted,
+            window_columns=columns,
+            window_accepted=window_accepted,
+            evidence=draft.lead_evidence,
+            lead_drafted=drafted,
         )
 
     def adapt_lead(self, draft: StepDraft, num_nodes_run: int, num_accepted: int) -> None:

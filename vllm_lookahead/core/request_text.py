@@ -14,7 +14,8 @@ O(``G`` x pools); learning O(new tokens); never O(pool size) or O(sequence lengt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .pool import NgramPool, SharedPools, int_list
 from .source import Source
@@ -26,17 +27,18 @@ if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
 class RequestText:
     """The pools of one request's text (see the module docstring)."""
 
-    def __init__(self, params: "LookaheadConfig", prompt_token_ids: Sequence[int],
-                 shared: SharedPools | None = None) -> None:
-        self.params = params
+    def __init__(
+        self, config: LookaheadConfig, prompt_token_ids: Sequence[int], shared: SharedPools | None = None
+    ) -> None:
+        self.config = config
         self.shared = shared  # other requests' output n-grams (``shared_pool``), consulted after ours
-        self.pool = NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys)
+        self.pool = NgramPool(config.ngram_size, config.guess_set_size, config.max_pool_keys)
         # Text pools keyed by the last k = lookup_context..2 tokens (longest first).
         self.context_pools = [
-            NgramPool(params.ngram_size, params.guess_set_size, params.max_pool_keys, context=k)
-            for k in range(params.lookup_context, 1, -1)
+            NgramPool(config.ngram_size, config.guess_set_size, config.max_pool_keys, context=k)
+            for k in range(config.lookup_context, 1, -1)
         ]
-        if params.pool_from_prompt:
+        if config.ablation.pool_from_prompt:
             for pool in self.pools():
                 pool.add_sequence(prompt_token_ids, source=Source.PROMPT)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
@@ -70,9 +72,7 @@ class RequestText:
         longest context first."""
         return [c for c, _ in self.sourced_candidates(recent, limit)]
 
-    def sourced_candidates(
-        self, recent: Sequence[int], limit: int | None = None
-    ) -> list[tuple[tuple[int, ...], int]]:
+    def sourced_candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[tuple[int, ...], int]]:
         """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
         return self.lookup(recent, limit)[0]
 
@@ -80,7 +80,7 @@ class RequestText:
         self, recent: Sequence[int], limit: int | None = None
     ) -> tuple[list[tuple[tuple[int, ...], int]], NgramPool | None]:
         """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found)."""
-        limit = self.params.guess_set_size if limit is None else limit
+        limit = self.config.guess_set_size if limit is None else limit
         out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
         first_pool = None
@@ -113,7 +113,7 @@ class RequestText:
         draft = list(first[:length])
         sources = [source] * len(draft)
         while len(draft) < length:
-            tail = [*recent, *draft][-self.params.lookup_context :]
+            tail = [*recent, *draft][-self.config.lookup_context :]
             more = self.sourced_candidates(tail, 1)  # the most likely continuation
             if not more:
                 break
@@ -125,14 +125,14 @@ class RequestText:
     # -- learning --------------------------------------------------------------------------
     def tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:
         """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
-        span = self.params.lookup_context + self.params.ngram_size - 1
+        span = self.config.lookup_context + self.config.ngram_size - 1
         length = min(len(history), num_new + span - 1)
         return int_list(history[len(history) - length :]), length - num_new
 
     def learn(self, tail: list[int], start: int, length: int) -> None:
         """The n-grams of ``tail`` (the end of a sequence of ``length`` tokens, new tokens from
-        ``start``) into the text pools (``pool_from_output``) and the shared ones."""
-        if self.params.pool_from_output:
+        ``start``) into the text pools (unless the ablation's ``pool_from_output`` is off) and the shared ones."""
+        if self.config.ablation.pool_from_output:
             for pool in self.pools():
                 pool.add_sequence(tail, start=start)
         self._share(tail, start, length)
@@ -142,7 +142,7 @@ class RequestText:
         """Learn every token of ``history`` the pools have not seen yet (none, one or many)."""
         num_new = len(history) - self.known
         self.known = len(history)
-        if num_new <= 0 or not (self.params.pool_from_output or self.shared is not None):
+        if num_new <= 0 or not (self.config.ablation.pool_from_output or self.shared is not None):
             return
         tail, start = self.tail(num_new, history)
         self.learn(tail, start, len(history))

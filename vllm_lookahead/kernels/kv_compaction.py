@@ -2,7 +2,7 @@
 
 After verification the accepted path's keys and values must sit in the slots vLLM believes
 hold them: accepted node ``i`` at depth ``k`` of a request's tree moves from slot
-``root + i`` to slot ``root + k`` (:mod:`vllm_lookahead.engine.verify_step`).  One program per
+``root + i`` to slot ``root + k`` (:mod:`vllm_lookahead.engine.step.verification`).  One program per
 (layer, KV head) copies every move of the step, for all requests, in chunks of ``BLOCK_MOVES``:
 each chunk's sources are loaded before any of its destinations is written (a barrier between),
 and chunks go in the order given.  That order is safe when each request's moves come by
@@ -44,8 +44,14 @@ def layer_offsets(caches: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor(offsets, dtype=torch.int64, device=first.device)
 
 
-def move_slots(first_cache: torch.Tensor, offsets: torch.Tensor, addressing: CacheAddressing,
-               src_slots: torch.Tensor, dst_slots: torch.Tensor, block_moves: int = 16) -> None:
+def move_slots(
+    first_cache: torch.Tensor,
+    offsets: torch.Tensor,
+    addressing: CacheAddressing,
+    src_slots: torch.Tensor,
+    dst_slots: torch.Tensor,
+    block_moves: int = 16,
+) -> None:
     """Copy K/V of ``src_slots`` to ``dst_slots`` (int64, same device) in every layer of
     ``offsets`` (:func:`layer_offsets`), in one launch."""
     n = src_slots.numel()
@@ -53,17 +59,46 @@ def move_slots(first_cache: torch.Tensor, offsets: torch.Tensor, addressing: Cac
         return
     grid = (offsets.numel() * addressing.num_kv_heads,)
     _move_slots_kernel[grid](
-        first_cache, offsets, src_slots, dst_slots, n,
-        addressing.block_stride, addressing.head_stride, addressing.k_slot_stride, addressing.k_dim_stride,
-        addressing.v_offset, addressing.v_slot_stride, addressing.v_dim_stride, addressing.block_size,
+        first_cache,
+        offsets,
+        src_slots,
+        dst_slots,
+        n,
+        addressing.block_stride,
+        addressing.head_stride,
+        addressing.k_slot_stride,
+        addressing.k_dim_stride,
+        addressing.v_offset,
+        addressing.v_slot_stride,
+        addressing.v_dim_stride,
+        addressing.block_size,
         addressing.num_kv_heads,
-        HEAD_DIM=addressing.head_size, BLOCK_D=triton.next_power_of_2(addressing.head_size), BLOCK_MOVES=block_moves,
+        HEAD_DIM=addressing.head_size,
+        BLOCK_D=triton.next_power_of_2(addressing.head_size),
+        BLOCK_MOVES=block_moves,
     )
 
 
 @triton.jit
-def _move_slots_kernel(CACHE, OFFSETS, SRC, DST, n_moves, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim,
-                       page, num_kv_heads, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_MOVES: tl.constexpr):
+def _move_slots_kernel(
+    CACHE,
+    OFFSETS,
+    SRC,
+    DST,
+    n_moves,
+    c_block,
+    c_head,
+    k_slot,
+    k_dim,
+    v_off,
+    v_slot,
+    v_dim,
+    page,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_MOVES: tl.constexpr,
+):
     pid = tl.program_id(0)
     layer = pid // num_kv_heads
     h = pid % num_kv_heads

@@ -33,15 +33,15 @@ a tree request is read twice per layer: once by vLLM's kernel for all its rows, 
 the tree-masked ones.  The alternative -- every row of tree requests here and those requests
 taken out of vLLM's metadata -- would need the FlashAttention / FlashInfer metadata rebuilt
 per step (cu_seqlens, scheduler metadata, plans); the GPU check measures what the second
-read costs against plain attention of the same rows (bench/gpu_check.py).
+read costs against plain attention of the same rows (benchmarks/gpu/check.py).
 
 CUDA graphs: a plan's shapes (requests, rows, splits) change every step, so the launch is not
 captured; it runs eagerly between vLLM's piecewise CUDA-graph pieces (attention is a
-splitting op there).  FULL graphs stay refused (engine/startup.py).  The launch itself does
+splitting op there).  FULL graphs stay refused (engine/hooks/startup.py).  The launch itself does
 no host synchronisation: everything it needs is built on the host from the tree batch.
 
 Checked on the CPU under Triton's interpreter against a dense reference (tests/kernels/) and
-on a GPU by ``python -m vllm_lookahead.bench.gpu_check``.
+on a GPU by ``python -m benchmarks.gpu.check``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-WIDE_MAX_SPLITS = 3    # 256-row tiles: at most this many splits of a request's keys ...
-WIDE_MIN_KEYS = 2048   # ... each of at least this many keys (H100, docs/bench/2026-11-26-gpu-check-2)
+WIDE_MAX_SPLITS = 3  # 256-row tiles: at most this many splits of a request's keys ...
+WIDE_MIN_KEYS = 2048  # ... each of at least this many keys (H100, docs/bench/2026-11-26-gpu-check-2)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class CacheAddressing:
     num_kv_heads: int
 
     @classmethod
-    def of(cls, kv_cache: torch.Tensor, keys_transposed: bool = False) -> "CacheAddressing":
+    def of(cls, kv_cache: torch.Tensor, keys_transposed: bool = False) -> CacheAddressing:
         """The addressing of a layer's logical cache tensor; ``keys_transposed`` for CPU_ATTN."""
         nb, hkv, bs, c = kv_cache.shape
         d = c // 2
@@ -134,25 +134,25 @@ class TreeAttentionPlan:
     """One step's launch of :func:`tree_attention` for one layer geometry, built on the host once
     and shared by every layer of that geometry (same block table, same trees)."""
 
-    meta: torch.Tensor        # int32 [R, 5]: first_row, computed rows, context_len, first_node, table_row
-    bits: torch.Tensor        # int32 [R, max_queries, words]: ancestor bits (ancestor_bits)
+    meta: torch.Tensor  # int32 [R, 5]: first_row, computed rows, context_len, first_node, table_row
+    bits: torch.Tensor  # int32 [R, max_queries, words]: ancestor bits (ancestor_bits)
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks]: vLLM's table (rows addressed by table_row)
     num_requests: int
     max_queries: int
     num_kv_heads: int
-    group: int                # query heads per KV head
+    group: int  # query heads per KV head
     head_size: int
     block_m: int
     block_n: int
-    tiles_per_head: int       # query tiles per (request, KV head)
+    tiles_per_head: int  # query tiles per (request, KV head)
     num_splits: int
-    chunk: int                # keys per split (a multiple of block_n)
-    causal: bool              # plain causal mask over the tree's node order (the baseline of the GPU check)
-    few_words: bool           # trees of <= 128 nodes: each row's ancestor words read once into registers,
+    chunk: int  # keys per split (a multiple of block_n)
+    causal: bool  # plain causal mask over the tree's node order (the baseline of the GPU check)
+    few_words: bool  # trees of <= 128 nodes: each row's ancestor words read once into registers,
     #                           else gathered per key tile
-    num_warps: int            # by the query tile (tile_warps): 4, 8, or 16 for 256 rows (registers)
-    num_stages: int           # software pipelining depth of the key loop (Triton's default, 3)
-    mask_every_tile: bool     # bounds and score masks on every key tile, not only on the context's last
+    num_warps: int  # by the query tile (tile_warps): 4, 8, or 16 for 256 rows (registers)
+    num_stages: int  # software pipelining depth of the key loop (Triton's default, 3)
+    mask_every_tile: bool  # bounds and score masks on every key tile, not only on the context's last
     #                           one and the tree's (the GPU check's comparison)
     counters: torch.Tensor | None  # int32 [tiles]: splits finished per tile (0 between launches)
     part_out: torch.Tensor | None  # float32 [tiles, splits, block_m, block_d]
@@ -167,11 +167,25 @@ class TreeAttentionPlan:
         return (self.num_requests * self.num_kv_heads * self.tiles_per_head, self.num_splits)
 
     @classmethod
-    def build(cls, rows: list[TreeRows], block_table: torch.Tensor, num_heads: int, num_kv_heads: int,
-              head_size: int, *, causal: bool = False, num_splits: int | None = None, block_m: int | None = None,
-              block_n: int | None = None, min_chunk: int = 256, gather_words: bool = False,
-              num_warps: int | None = None, num_stages: int = 3, mask_every_tile: bool = False,
-              cache_dtype: torch.dtype | None = None) -> "TreeAttentionPlan":
+    def build(
+        cls,
+        rows: list[TreeRows],
+        block_table: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        *,
+        causal: bool = False,
+        num_splits: int | None = None,
+        block_m: int | None = None,
+        block_n: int | None = None,
+        min_chunk: int = 256,
+        gather_words: bool = False,
+        num_warps: int | None = None,
+        num_stages: int = 3,
+        mask_every_tile: bool = False,
+        cache_dtype: torch.dtype | None = None,
+    ) -> TreeAttentionPlan:
         """``num_splits`` None: enough splits to give every SM about two programs (one split on a
         CPU), never chunks under ``min_chunk`` keys.  ``block_m`` None: the smallest of 16 / 32 /
         64 / 128 rows that holds a request's rows per KV head (128 only up to head size 128 and
@@ -181,7 +195,7 @@ class TreeAttentionPlan:
         keys: with more or shorter splits the combine of the wide partials and the lost programs
         cost more than the wide tiles save).  ``block_n`` None: 64 keys per tile, 128 with 128-row
         tiles of a tree up to 128 nodes (the gathered ancestor words of larger trees would take the
-        shared memory past an A100's), 32 past head size 128.  bench/gpu_tile_sweep.py and the GPU
+        shared memory past an A100's), 32 past head size 128.  benchmarks/gpu/tile_sweep.py and the GPU
         check's side-by-side columns measured these on an H100 (docs/bench/).  ``gather_words``:
         read the ancestor words per key tile even for small trees; ``mask_every_tile``: bounds and
         masks on every key tile (both the GPU check's comparisons)."""
@@ -199,15 +213,28 @@ class TreeAttentionPlan:
         few_words = not gather_words and max(tr.num_nodes for tr in rows) <= 128
         longest = max(tr.context_len + tr.num_nodes for tr in rows)
         programs = 2 * torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-        bm, bn, num_splits = tree_attention_tiles(rows_m, R * num_kv_heads, longest, head_size,
-                                         cache_dtype is not None and cache_dtype.itemsize <= 2, few_words, programs,
-                                         block_m=block_m, block_n=block_n, num_splits=num_splits, min_chunk=min_chunk)
+        bm, bn, num_splits = tree_attention_tiles(
+            rows_m,
+            R * num_kv_heads,
+            longest,
+            head_size,
+            cache_dtype is not None and cache_dtype.itemsize <= 2,
+            few_words,
+            programs,
+            block_m=block_m,
+            block_n=block_n,
+            num_splits=num_splits,
+            min_chunk=min_chunk,
+        )
         tiles_per_head = -(-rows_m // bm)
         tiles = R * num_kv_heads * tiles_per_head
-        chunk = -(-(-(-longest // num_splits)) // bn) * bn
+        per_split = -(-longest // num_splits)
+        chunk = -(-per_split // bn) * bn
         num_splits = -(-longest // chunk)
-        meta = np.array([[tr.first_row, tr.num_nodes - tr.first_node, tr.context_len, tr.first_node, tr.table_row]
-                         for tr in rows], dtype=np.int32)
+        meta = np.array(
+            [[tr.first_row, tr.num_nodes - tr.first_node, tr.context_len, tr.first_node, tr.table_row] for tr in rows],
+            dtype=np.int32,
+        )
         bits = ancestor_bits(rows, Q)
         counters = part_out = part_stats = None
         if num_splits > 1:
@@ -215,25 +242,56 @@ class TreeAttentionPlan:
             counters = torch.zeros(tiles, dtype=torch.int32, device=dev)
             part_out = torch.empty((tiles, num_splits, bm, bd), dtype=torch.float32, device=dev)
             part_stats = torch.empty((tiles, num_splits, 2, bm), dtype=torch.float32, device=dev)
-        return cls(torch.from_numpy(meta).to(dev), torch.from_numpy(bits).to(dev), block_table, R, Q, num_kv_heads,
-                   group, head_size, bm, bn, tiles_per_head, num_splits, chunk, causal,
-                   few_words, num_warps or tile_warps(bm, head_size),
-                   num_stages, mask_every_tile,
-                   counters, part_out, part_stats)
+        return cls(
+            torch.from_numpy(meta).to(dev),
+            torch.from_numpy(bits).to(dev),
+            block_table,
+            R,
+            Q,
+            num_kv_heads,
+            group,
+            head_size,
+            bm,
+            bn,
+            tiles_per_head,
+            num_splits,
+            chunk,
+            causal,
+            few_words,
+            num_warps or tile_warps(bm, head_size),
+            num_stages,
+            mask_every_tile,
+            counters,
+            part_out,
+            part_stats,
+        )
 
 
-def tree_attention_tiles(rows_m: int, heads: int, longest: int, head_size: int, sixteen_bit: bool, few_words: bool,
-                         programs: int, *, block_m: int | None = None, block_n: int | None = None,
-                         num_splits: int | None = None, min_chunk: int = 256) -> tuple[int, int, int]:
+def tree_attention_tiles(
+    rows_m: int,
+    heads: int,
+    longest: int,
+    head_size: int,
+    sixteen_bit: bool,
+    few_words: bool,
+    programs: int,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_splits: int | None = None,
+    min_chunk: int = 256,
+) -> tuple[int, int, int]:
     """(rows per query tile, keys per key tile, splits) of a launch whose requests have up to
     ``rows_m`` rows per KV head (query heads of a group stacked), ``heads`` (request, KV head)
     pairs, up to ``longest`` keys, aiming at ``programs`` programs (see
     :meth:`TreeAttentionPlan.build`; given values are kept)."""
+
     def splits_for(tiles: int) -> int:
         return num_splits or max(1, min(-(-programs // tiles), -(-longest // min_chunk)))
 
-    bm = block_m or (16 if rows_m <= 16 else 32 if rows_m <= 32 else
-                     128 if rows_m > 64 and head_size <= 128 and sixteen_bit else 64)
+    bm = block_m or (
+        16 if rows_m <= 16 else 32 if rows_m <= 32 else 128 if rows_m > 64 and head_size <= 128 and sixteen_bit else 64
+    )
     if block_m is None and bm == 128 and rows_m > 128 and few_words:
         wide_splits = splits_for(heads * -(-rows_m // 256))
         if wide_splits <= WIDE_MAX_SPLITS and longest >= WIDE_MIN_KEYS * wide_splits:
@@ -248,8 +306,14 @@ def tile_warps(block_m: int, head_size: int) -> int:
     return 16 if block_m == 256 else 4 if head_size <= 128 and block_m <= 64 else 8
 
 
-def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch.Tensor, output: torch.Tensor,
-                   addressing: CacheAddressing, scale: float) -> None:
+def tree_attention(
+    plan: TreeAttentionPlan,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    addressing: CacheAddressing,
+    scale: float,
+) -> None:
     """Write the plan's rows of ``output`` (``[tokens, num_heads, head_size]``, any token/head
     strides, head dimension contiguous) from ``query`` (same shape) and the layer's paged
     ``kv_cache`` (already holding this step's keys and values)."""
@@ -260,17 +324,46 @@ def tree_attention(plan: TreeAttentionPlan, query: torch.Tensor, kv_cache: torch
     split = plan.num_splits > 1
     dummy = plan.meta  # unused pointer arguments when there is one split
     _tree_attention_kernel[plan.grid](
-        query, kv_cache, output, plan.block_table, plan.meta, plan.bits,
-        plan.part_out if split else dummy, plan.part_stats if split else dummy, plan.counters if split else dummy,
+        query,
+        kv_cache,
+        output,
+        plan.block_table,
+        plan.meta,
+        plan.bits,
+        plan.part_out if split else dummy,
+        plan.part_stats if split else dummy,
+        plan.counters if split else dummy,
         scale * LOG2E,
-        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
-        addressing.block_stride, addressing.head_stride, addressing.k_slot_stride, addressing.k_dim_stride,
-        addressing.v_offset, addressing.v_slot_stride, addressing.v_dim_stride,
-        plan.block_table.stride(0), plan.num_kv_heads, plan.tiles_per_head, plan.chunk,
-        plan.max_queries, plan.bits.shape[-1], plan.num_splits,
-        PAGE=addressing.block_size, GROUP=plan.group, HEAD_DIM=plan.head_size, BLOCK_D=plan.block_d, BLOCK_M=plan.block_m,
-        BLOCK_N=plan.block_n, SPLIT=split, CAUSAL=plan.causal, DOT_IEEE=_float32_dots(kv_cache.dtype),
-        FEW_WORDS=plan.few_words, MASK_ALL=plan.mask_every_tile, num_warps=plan.num_warps,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        addressing.block_stride,
+        addressing.head_stride,
+        addressing.k_slot_stride,
+        addressing.k_dim_stride,
+        addressing.v_offset,
+        addressing.v_slot_stride,
+        addressing.v_dim_stride,
+        plan.block_table.stride(0),
+        plan.num_kv_heads,
+        plan.tiles_per_head,
+        plan.chunk,
+        plan.max_queries,
+        plan.bits.shape[-1],
+        plan.num_splits,
+        PAGE=addressing.block_size,
+        GROUP=plan.group,
+        HEAD_DIM=plan.head_size,
+        BLOCK_D=plan.block_d,
+        BLOCK_M=plan.block_m,
+        BLOCK_N=plan.block_n,
+        SPLIT=split,
+        CAUSAL=plan.causal,
+        DOT_IEEE=_float32_dots(kv_cache.dtype),
+        FEW_WORDS=plan.few_words,
+        MASK_ALL=plan.mask_every_tile,
+        num_warps=plan.num_warps,
         num_stages=plan.num_stages,
     )
 
@@ -284,11 +377,47 @@ def _float32_dots(dtype: torch.dtype) -> bool:
 
 
 @triton.jit
-def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE, BITS, scale_log2,
-            c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row, max_q, words, w0, w1, w2, w3,
-            PAGE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-            TREE: tl.constexpr, CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr, FEW_WORDS: tl.constexpr,
-            MASKED: tl.constexpr):
+def _attend(
+    q,
+    acc,
+    m_i,
+    l_i,
+    start,
+    k_hi,
+    ctx,
+    first,
+    qi,
+    row_ok,
+    r,
+    h,
+    CACHE,
+    BLOCK_TABLE,
+    BITS,
+    scale_log2,
+    c_block,
+    c_head,
+    k_slot,
+    k_dim,
+    v_off,
+    v_slot,
+    v_dim,
+    bt_row,
+    max_q,
+    words,
+    w0,
+    w1,
+    w2,
+    w3,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+    FEW_WORDS: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """One key tile: positions ``start .. start + BLOCK_N`` (those below ``k_hi``) into the
     running (max, sum, accumulator) of the tile's query rows.  ``MASKED`` False: a context tile
     wholly below ``k_hi`` -- no bounds on its loads and no mask on its scores."""
@@ -323,11 +452,15 @@ def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, 
             node_c = tl.maximum(node, 0)
             if FEW_WORDS:  # the row's words are in registers: pick one per key
                 wi = (node_c // 32)[None, :]
-                word = tl.where(wi == 0, w0[:, None], tl.where(wi == 1, w1[:, None],
-                                                               tl.where(wi == 2, w2[:, None], w3[:, None])))
+                word = tl.where(
+                    wi == 0, w0[:, None], tl.where(wi == 1, w1[:, None], tl.where(wi == 2, w2[:, None], w3[:, None]))
+                )
             else:
-                word = tl.load(BITS + ((r * max_q + qi) * words)[:, None] + (node_c // 32)[None, :],
-                               mask=row_ok[:, None] & pos_ok[None, :], other=0)
+                word = tl.load(
+                    BITS + ((r * max_q + qi) * words)[:, None] + (node_c // 32)[None, :],
+                    mask=row_ok[:, None] & pos_ok[None, :],
+                    other=0,
+                )
             visible = ((word >> (node_c % 32)[None, :]) & 1) != 0
         s = tl.where(visible & pos_ok[None, :], s, float("-inf"))
     elif MASKED:
@@ -351,14 +484,45 @@ def _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, 
 
 @triton.jit
 def _tree_attention_kernel(
-    Q, CACHE, OUT, BLOCK_TABLE, META, BITS, PART_OUT, PART_STATS, COUNTERS,
+    Q,
+    CACHE,
+    OUT,
+    BLOCK_TABLE,
+    META,
+    BITS,
+    PART_OUT,
+    PART_STATS,
+    COUNTERS,
     scale_log2,
-    q_tok, q_head, o_tok, o_head,
-    c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim,
-    bt_stride, num_kv_heads, tiles_per_head, chunk, max_q, words, num_splits,
-    PAGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, DOT_IEEE: tl.constexpr,
-    FEW_WORDS: tl.constexpr, MASK_ALL: tl.constexpr,
+    q_tok,
+    q_head,
+    o_tok,
+    o_head,
+    c_block,
+    c_head,
+    k_slot,
+    k_dim,
+    v_off,
+    v_slot,
+    v_dim,
+    bt_stride,
+    num_kv_heads,
+    tiles_per_head,
+    chunk,
+    max_q,
+    words,
+    num_splits,
+    PAGE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_IEEE: tl.constexpr,
+    FEW_WORDS: tl.constexpr,
+    MASK_ALL: tl.constexpr,
 ):
     tile = tl.program_id(0)
     split = tl.program_id(1)
@@ -379,7 +543,9 @@ def _tree_attention_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     row = (first_row + qi).to(tl.int64)
-    q = tl.load(Q + (row * q_tok + head * q_head)[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + (row * q_tok + head * q_head)[:, None] + d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0
+    )
     q = q.to(CACHE.dtype.element_ty)
     seq_len = ctx + first + num_q  # context, then the tree's nodes 0 .. first + num_q - 1
     k_lo = split * chunk
@@ -401,20 +567,131 @@ def _tree_attention_kernel(
         w3 = tl.load(w_row + 3, mask=row_ok & (words > 3), other=0)
     full_hi = k_lo + tl.maximum(ctx_hi - k_lo, 0) // BLOCK_N * BLOCK_N
     for start in range(k_lo, full_hi, BLOCK_N):  # whole tiles of context keys: visible to every row
-        acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, ctx_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
-                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
-                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL,
-                                DOT_IEEE, FEW_WORDS, MASK_ALL)
+        acc, m_i, l_i = _attend(
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            ctx_hi,
+            ctx,
+            first,
+            qi,
+            row_ok,
+            r,
+            h,
+            CACHE,
+            BLOCK_TABLE,
+            BITS,
+            scale_log2,
+            c_block,
+            c_head,
+            k_slot,
+            k_dim,
+            v_off,
+            v_slot,
+            v_dim,
+            bt_row,
+            max_q,
+            words,
+            w0,
+            w1,
+            w2,
+            w3,
+            PAGE,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            False,
+            CAUSAL,
+            DOT_IEEE,
+            FEW_WORDS,
+            MASK_ALL,
+        )
     for start in range(full_hi, ctx_hi, BLOCK_N):  # the context's last, partial tile
-        acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, ctx_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
-                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
-                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, False, CAUSAL,
-                                DOT_IEEE, FEW_WORDS, True)
+        acc, m_i, l_i = _attend(
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            ctx_hi,
+            ctx,
+            first,
+            qi,
+            row_ok,
+            r,
+            h,
+            CACHE,
+            BLOCK_TABLE,
+            BITS,
+            scale_log2,
+            c_block,
+            c_head,
+            k_slot,
+            k_dim,
+            v_off,
+            v_slot,
+            v_dim,
+            bt_row,
+            max_q,
+            words,
+            w0,
+            w1,
+            w2,
+            w3,
+            PAGE,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            False,
+            CAUSAL,
+            DOT_IEEE,
+            FEW_WORDS,
+            True,
+        )
     for start in range(tl.maximum(k_lo, ctx), k_hi, BLOCK_N):  # the step's nodes: the tree mask
-        acc, m_i, l_i = _attend(q, acc, m_i, l_i, start, k_hi, ctx, first, qi, row_ok, r, h, CACHE, BLOCK_TABLE,
-                                BITS, scale_log2, c_block, c_head, k_slot, k_dim, v_off, v_slot, v_dim, bt_row,
-                                max_q, words, w0, w1, w2, w3, PAGE, HEAD_DIM, BLOCK_D, BLOCK_N, True, CAUSAL,
-                                DOT_IEEE, FEW_WORDS, True)
+        acc, m_i, l_i = _attend(
+            q,
+            acc,
+            m_i,
+            l_i,
+            start,
+            k_hi,
+            ctx,
+            first,
+            qi,
+            row_ok,
+            r,
+            h,
+            CACHE,
+            BLOCK_TABLE,
+            BITS,
+            scale_log2,
+            c_block,
+            c_head,
+            k_slot,
+            k_dim,
+            v_off,
+            v_slot,
+            v_dim,
+            bt_row,
+            max_q,
+            words,
+            w0,
+            w1,
+            w2,
+            w3,
+            PAGE,
+            HEAD_DIM,
+            BLOCK_D,
+            BLOCK_N,
+            True,
+            CAUSAL,
+            DOT_IEEE,
+            FEW_WORDS,
+            True,
+        )
     out_ptr = OUT + (row * o_tok + head * o_head)[:, None] + d[None, :]
     out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
@@ -428,8 +705,9 @@ def _tree_attention_kernel(
         if done == num_splits - 1:  # the last split of this tile combines them all
             m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
             for s in range(num_splits):
-                m_s = tl.load(PART_STATS + (tile * num_splits + s) * 2 * BLOCK_M + tl.arange(0, BLOCK_M),
-                              cache_modifier=".cg")
+                m_s = tl.load(
+                    PART_STATS + (tile * num_splits + s) * 2 * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg"
+                )
                 m_all = tl.maximum(m_all, m_s)
             m_ref = tl.where(m_all == float("-inf"), 0.0, m_all)
             total = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -438,8 +716,10 @@ def _tree_attention_kernel(
                 sid = tile * num_splits + s
                 m_s = tl.load(PART_STATS + sid * 2 * BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")
                 l_s = tl.load(PART_STATS + sid * 2 * BLOCK_M + BLOCK_M + tl.arange(0, BLOCK_M), cache_modifier=".cg")
-                o_s = tl.load(PART_OUT + (sid * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK_D + d[None, :],
-                              cache_modifier=".cg")
+                o_s = tl.load(
+                    PART_OUT + (sid * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * BLOCK_D + d[None, :],
+                    cache_modifier=".cg",
+                )
                 w = tl.exp2(m_s - m_ref)
                 total += o_s * w[:, None]
                 l_all += l_s * w
@@ -451,8 +731,14 @@ def _tree_attention_kernel(
         tl.store(out_ptr, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=out_mask)
 
 
-def dense_reference(query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], rows: list[TreeRows],
-                    scale: float, causal: bool = False) -> list[torch.Tensor]:
+def dense_reference(
+    query: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    rows: list[TreeRows],
+    scale: float,
+    causal: bool = False,
+) -> list[torch.Tensor]:
     """The plan's rows computed densely in float32 from each request's K/V as generated
     (``keys[r]``/``values[r]``: ``[context_len + num_nodes, kv_heads, head_size]``): per request
     ``[computed rows, num_heads, head_size]``.  The reference of the tests and the GPU check."""

@@ -1,0 +1,254 @@
+"""Part ``sampling`` of the GPU check: what verifying a random request's tree costs on the GPU,
+coupled to vLLM's sampler noise, against vLLM's own sampling of one token per request.
+
+vLLM's ``random_sample`` (``v1/sample/ops/topk_topp_sampler.py``, taken on CUDA whenever a request
+has a generator) draws a seeded request's token as ``argmax(p / q)`` with ``q`` one vocabulary-sized
+``exponential_`` from the request's generator per token.  The plugin's coupled walk
+(:func:`vllm_lookahead.core.sampling.coupled_walk`, ``engine/step/verification.py``) does the same at
+each node it reaches: temperature and top-k/top-p on that node's row, softmax, the next noise
+vector of the generator, the argmax -- read back to the host before the walk can choose the next
+node, so one host synchronisation per emitted token.  Timed here, per vocabulary:
+
+* ``vllm_b<B>`` -- vLLM's sampling step for ``B`` seeded requests (rows ``[B, V]``: temperature,
+  top-k/top-p, softmax, one ``exponential_`` per row with its generator, argmax, read back once);
+* ``walk_k<k>`` -- the coupled walk as the plugin runs it, emitting ``k`` tokens of one request
+  (``k`` single-row passes, each read back);
+* ``ahead_n<n>_d<D>`` -- the same decisions drawn ahead: every logit row of the tree (``n``) through
+  temperature/top-k/top-p/softmax at once, ``D`` noise rows drawn back to back from the generator
+  (its state kept after each draw, so it can be set back to just after the tokens emitted), each
+  node's token ``argmax(p_node / q_depth(node))`` in one op, read back once;
+* ``level_r<R>_d<L>`` -- the walk of ``R`` requests taken level by level for ``L`` levels: per level
+  the requests' current rows in one batched pass, one noise draw per request, one read-back.
+
+Each with top-k 50 / top-p 0.9 (vLLM's sort path) and with temperature only.  Exactness on the
+device: noise drawn into the rows of a ``[D, V]`` buffer equals ``D`` fresh single-row draws of the
+same generator (what drawing ahead needs), a generator set back to the state kept after ``k`` draws
+draws row ``k`` again, and the drawn-ahead tokens equal the walk's; also recorded (not required):
+whether one ``exponential_`` over ``[D, V]`` equals ``D`` row draws.  The top-k/top-p here is a
+torch rendering of vLLM's sort-based ``apply_top_k_top_p`` (same ops, for cost; this part imports
+no vLLM).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from benchmarks.gpu.fixtures import cell, md_table, synchronize
+
+if TYPE_CHECKING:
+    from benchmarks.gpu.record import Part, Settings
+
+TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 0.8
+
+
+def top_k_top_p(logits: torch.Tensor, k: int | None, p: float | None) -> torch.Tensor:
+    """Rows of ``logits`` with entries outside the top ``k`` / nucleus ``p`` set to -inf, by vLLM's
+    sort path (ascending sort, threshold at ``V - k``, cumulative softmax, scatter back)."""
+    if k is None and p is None:
+        return logits
+    sorted_logits, index = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        threshold = sorted_logits.gather(
+            -1, torch.full((logits.shape[0], 1), logits.shape[-1] - k, device=logits.device, dtype=torch.long)
+        )
+        sorted_logits.masked_fill_(sorted_logits < threshold, -float("inf"))
+    if p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        mask = cumulative <= 1 - p
+        mask[:, -1] = False
+        sorted_logits.masked_fill_(mask, -float("inf"))
+    return logits.scatter(-1, index, sorted_logits)
+
+
+def probabilities(logits: torch.Tensor, filtered: bool) -> torch.Tensor:
+    out = logits.div(TEMPERATURE)
+    out = top_k_top_p(out, TOP_K, TOP_P) if filtered else out
+    return out.softmax(dim=-1, dtype=torch.float32)
+
+
+def vllm_step(logits: torch.Tensor, generators: list[torch.Generator], filtered: bool) -> list[int]:
+    """vLLM's ``random_sample`` for rows that each have a generator, read back once."""
+    probs = probabilities(logits, filtered)
+    q = torch.empty_like(probs)
+    for i, generator in enumerate(generators):
+        q[i].exponential_(generator=generator)
+    return probs.div_(q).argmax(dim=-1).tolist()
+
+
+def walk(rows: torch.Tensor, generator: torch.Generator, filtered: bool) -> list[int]:
+    """The coupled walk along ``rows`` (one per emitted token): one row, one noise draw, one read-back each."""
+    tokens = []
+    for j in range(rows.shape[0]):
+        probs = probabilities(rows[j : j + 1], filtered)
+        q = torch.empty_like(probs)
+        q[0].exponential_(generator=generator)
+        tokens.append(int(probs.div_(q).argmax(dim=-1)[0]))
+    return tokens
+
+
+def ahead(
+    rows: torch.Tensor, depths: torch.Tensor, levels: int, generator: torch.Generator, filtered: bool
+) -> tuple[list[int], list[Any]]:
+    """Every row's token with its depth's noise, drawn ahead: (tokens, generator state after each draw)."""
+    probs = probabilities(rows, filtered)
+    q = torch.empty((levels, rows.shape[1]), dtype=probs.dtype, device=rows.device)
+    states = []
+    for d in range(levels):
+        q[d].exponential_(generator=generator)
+        states.append(generator.get_state())
+    return probs.div_(q.index_select(0, depths)).argmax(dim=-1).tolist(), states
+
+
+def level_walk(rows: torch.Tensor, generators: list[torch.Generator], filtered: bool) -> list[list[int]]:
+    """The coupled walk of ``len(generators)`` requests level by level (``rows``: ``[levels, R, V]``):
+    per level one batched pass over the requests' current rows, one noise draw per request, one read-back."""
+    tokens = []
+    for level in rows:
+        probs = probabilities(level, filtered)
+        q = torch.empty_like(probs)
+        for i, g in enumerate(generators):
+            q[i].exponential_(generator=g)
+        tokens.append(probs.div_(q).argmax(dim=-1).tolist())
+    return tokens
+
+
+def seconds(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Median wall seconds per call (host synchronisation included: what a verification step waits)."""
+    for _ in range(2):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        samples.append((time.perf_counter() - t0) / calls)
+    return statistics.median(samples)
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def check_exactness(vocab: int, device: torch.device, levels: int = 5) -> dict[str, Any]:
+    """The facts drawing ahead rests on, checked on this device for one vocabulary."""
+    fresh = [
+        torch.empty(vocab, device=device).exponential_(generator=g)
+        for g in [generator(device, 7)]
+        for _ in range(levels)
+    ]
+    g = generator(device, 7)
+    buffer = torch.empty((levels, vocab), device=device)
+    states = []
+    for d in range(levels):
+        buffer[d].exponential_(generator=g)
+        states.append(g.get_state())
+    rows_equal = all(torch.equal(buffer[d], fresh[d]) for d in range(levels))
+    g.set_state(states[1])
+    restored = torch.equal(torch.empty(vocab, device=device).exponential_(generator=g), fresh[2])
+    one_call = torch.empty((levels, vocab), device=device).exponential_(generator=generator(device, 7))
+    one_call_equal = all(torch.equal(one_call[d], fresh[d]) for d in range(levels))
+    rows = torch.randn((levels, vocab), device=device, generator=generator(device, 3)) * 4
+    tokens_walk = walk(rows, generator(device, 11), True)
+    tokens_ahead, _ = ahead(rows, torch.arange(levels, device=device), levels, generator(device, 11), True)
+    return {
+        "vocab": vocab,
+        "row_draws_equal_fresh_draws": rows_equal,
+        "state_set_back_redraws": restored,
+        "ahead_tokens_equal_walk": tokens_ahead == tokens_walk,
+        "one_call_equals_row_draws": one_call_equal,
+    }
+
+
+def measure(vocab: int, name: str, filtered: bool, device: torch.device) -> dict[str, Any]:
+    kind, _, rest = name.partition("_")
+    rng = generator(device, 5)
+    if kind == "vllm":
+        batch = int(rest[1:])
+        logits = torch.randn((batch, vocab), device=device, generator=rng) * 4
+        gens = [generator(device, i) for i in range(batch)]
+        fn: Callable[[], object] = lambda: vllm_step(logits, gens, filtered)
+    elif kind == "walk":
+        rows = torch.randn((int(rest[1:]), vocab), device=device, generator=rng) * 4
+        g = generator(device, 1)
+        fn = lambda: walk(rows, g, filtered)
+    elif kind == "level":
+        requests, levels = (int(part[1:]) for part in rest.split("_"))
+        rows = torch.randn((levels, requests, vocab), device=device, generator=rng) * 4
+        gens = [generator(device, i) for i in range(requests)]
+        fn = lambda: level_walk(rows, gens, filtered)
+    else:
+        n, levels = (int(part[1:]) for part in rest.split("_"))
+        rows = torch.randn((n, vocab), device=device, generator=rng) * 4
+        depths = torch.arange(n, device=device) % levels
+        g = generator(device, 1)
+        fn = lambda: ahead(rows, depths, levels, g, filtered)
+    return {"vocab": vocab, "case": name, "top_k_top_p": filtered, "seconds": seconds(fn, device, 20)}
+
+
+def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    vocabs = (4096,) if smoke else (49152, 128256)
+    names = (
+        "vllm_b1",
+        "vllm_b32",
+        "walk_k1",
+        "walk_k2",
+        "walk_k4",
+        "ahead_n8_d4",
+        "ahead_n16_d5",
+        "ahead_n32_d5",
+        "level_r8_d2",
+        "level_r32_d2",
+    )
+    return vocabs, names
+
+
+def run(settings: Settings, part: Part) -> None:
+    """Exactness per vocabulary, then every case with and without top-k/top-p."""
+    vocabs, names = cases(settings.smoke)
+    device = settings.device
+    for vocab in vocabs:
+        part.record(
+            "exactness",
+            {"vocab": vocab},
+            lambda v=vocab: check_exactness(v, device),
+            lambda r: "exactness " + ", ".join(f"{k}={v}" for k, v in r.items()),
+        )
+    for vocab in vocabs:
+        for filtered in (True, False):
+            for name in names:
+                part.record(
+                    "cost",
+                    {"vocab": vocab, "case": name, "top_k_top_p": filtered},
+                    lambda v=vocab, n=name, f=filtered: measure(v, n, f, device),
+                    lambda r: f"V={r['vocab']} {r['case']} top-k/p={r['top_k_top_p']}: {r['seconds'] * 1e6:.1f} us",
+                )
+
+
+def markdown(data: dict[str, Any]) -> list[str]:
+    """The exactness facts and the cost table (us per call) by vocabulary and filtering."""
+    tables = data.get("tables", {})
+    lines = ["### Exactness of drawing the noise ahead", ""]
+    facts = tables.get("exactness", [])
+    if facts:
+        keys = [k for k in facts[0] if k != "vocab"]
+        lines += md_table(
+            facts, [("vocab", lambda r: str(r["vocab"]))] + [(k, lambda r, k=k: cell(r, k)) for k in keys]
+        ) + [""]
+    rows = tables.get("cost", [])
+    lines += ["### Verification cost of a random request, us per call (host read-back included)", ""]
+    by = {(r["vocab"], r["top_k_top_p"], r["case"]): r["seconds"] for r in rows}
+    names = list(dict.fromkeys(r["case"] for r in rows))
+    table = [
+        {"vocab": v, "filtered": f, **{n: by.get((v, f, n)) for n in names}}
+        for v, f in dict.fromkeys((r["vocab"], r["top_k_top_p"]) for r in rows)
+    ]
+    columns = [("vocab", lambda r: str(r["vocab"])), ("top-k/p", lambda r: "yes" if r["filtered"] else "no")]
+    columns += [(n, lambda r, n=n: cell(r, n, 1e6)) for n in names]
+    return lines + md_table(table, columns) + [""]

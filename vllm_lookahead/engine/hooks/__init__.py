@@ -1,0 +1,1 @@
+"""vLLM entry points and the patch table: where vLLM calls into the plugin."""

@@ -1,0 +1,1 @@
+"""Counters and stats: worker -> scheduler (vLLM spec-decode stats) -> API server (Prometheus)."""

@@ -1,0 +1,123 @@
+"""What a worker keeps for each live request between steps: one :class:`LiveRequest` record.
+
+A request's record holds, by lifetime:
+
+* ``state`` -- its window and pools (:class:`~vllm_lookahead.core.RequestLookahead`), created
+  the first time the request may draft and kept until it finishes;
+* ``draft`` -- the tree proposed for the next step, whose tokens vLLM carries as the request's
+  linear draft list (``_prepare_inputs`` lays the tree out from it; :mod:`vllm_lookahead.engine.step.tree_batch`);
+* ``outcome`` -- that tree verified (:class:`~vllm_lookahead.engine.step.verification.StepOutcome`), from
+  ``_sample`` until
+  the next proposal observes it;
+* ``idle`` / ``rest`` -- how many proposals running offered it to the draft rule for nothing, and
+  how many it still skips (under the draft rule, :meth:`LiveRequests.offered`).
+
+:class:`LiveRequests` is the one place that changes them over a request's life: a proposal
+takes the outcome (and the draft it verified), a new step drops outcomes nobody observed,
+preemption voids the draft and outcome and keeps the pools, a finished or aborted request is
+forgotten whole.  Each operation costs O(1) per request it touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_lookahead.core import RequestLookahead, StepDraft
+    from vllm_lookahead.engine.step.verification import StepOutcome
+
+
+@dataclass
+class LiveRequest:
+    """What the worker keeps for one request (see the module docstring)."""
+
+    state: RequestLookahead | None = None
+    draft: StepDraft | None = None
+    outcome: StepOutcome | None = None
+    idle: int = 0  # proposals running that offered it to the draft rule and drafted nothing
+    rest: int = 0  # proposals it still skips
+
+
+class LiveRequests:
+    """The worker's :class:`LiveRequest` records by request id."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, LiveRequest] = {}
+        self._verified: list[str] = []  # requests given an outcome since the step began
+
+    def __len__(self) -> int:
+        """Requests the worker keeps anything for (finished ones are forgotten)."""
+        return len(self._records)
+
+    def state(self, req_id: str) -> RequestLookahead | None:
+        record = self._records.get(req_id)
+        return record.state if record is not None else None
+
+    def states(self) -> Iterator[RequestLookahead]:
+        return (r.state for r in self._records.values() if r.state is not None)
+
+    def draft(self, req_id: str) -> StepDraft | None:
+        """The tree proposed for ``req_id``'s next step (None: no tree of ours)."""
+        record = self._records.get(req_id)
+        return record.draft if record is not None else None
+
+    def add_state(self, req_id: str, state: RequestLookahead) -> RequestLookahead:
+        self._records.setdefault(req_id, LiveRequest()).state = state
+        return state
+
+    def set_draft(self, req_id: str, draft: StepDraft) -> None:
+        self._records.setdefault(req_id, LiveRequest()).draft = draft
+
+    def set_outcome(self, req_id: str, outcome: StepOutcome) -> None:
+        self._records.setdefault(req_id, LiveRequest()).outcome = outcome
+        self._verified.append(req_id)
+
+    def take_outcome(self, req_id: str) -> StepOutcome | None:
+        """The request's verified tree, once: the outcome and the draft it verified are cleared
+        (a draft not verified is void once the request has moved on)."""
+        record = self._records.get(req_id)
+        if record is None:
+            return None
+        outcome, record.outcome, record.draft = record.outcome, None, None
+        return outcome
+
+    def resting(self, req_id: str) -> bool:
+        """Whether the request skips this proposal (one of its rest's proposals is spent); never
+        while it has an outcome to observe."""
+        record = self._records.get(req_id)
+        if record is None or record.rest <= 0 or record.outcome is not None:
+            return False
+        record.rest -= 1
+        return True
+
+    def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
+        """The request was offered to the draft rule and ``drafted`` or not: after two proposals
+        running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
+        rest), and a draft ends its idleness."""
+        record = self._records.setdefault(req_id, LiveRequest())
+        record.idle = 0 if drafted else record.idle + 1
+        record.rest = min(max_rest, 1 << (record.idle - 2)) if record.idle >= 2 else 0
+
+    def new_step(self) -> None:
+        """A step begins: outcomes of the last one that no proposal observed are dropped."""
+        for req_id in self._verified:
+            record = self._records.get(req_id)
+            if record is not None:
+                record.outcome = None
+        self._verified.clear()
+
+    def preempted(self, req_id: str) -> RequestLookahead | None:
+        """The request recomputes its KV: its draft and outcome are void; its state (to reset) is
+        returned."""
+        record = self._records.get(req_id)
+        if record is None:
+            return None
+        record.draft = record.outcome = None
+        return record.state
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        """Finished or aborted requests: everything kept for them goes."""
+        for req_id in req_ids:
+            self._records.pop(req_id, None)

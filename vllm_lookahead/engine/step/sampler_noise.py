@@ -1,0 +1,78 @@
+"""The noise vLLM's sampler draws for one sampled token, drawn the same way at a tree node.
+
+vLLM 0.32 samples a random request's token as ``argmax(p / q)``, with per-token noise drawn
+from the request's own generator when it has a seed (else the global one), in one of two
+ways, by the sampler implementation the platform picked (``TopKTopPSampler``,
+``vllm/v1/sample/ops/topk_topp_sampler.py``):
+
+* ``"splitmix"`` -- ``forward_cpu`` (x86 / Arm CPUs): one seed per token,
+  ``torch.randint(0, 2**31, (1,), generator=g)``, and the C++ op ``fused_gumbel_argmax``
+  derives the Gumbel noise of every vocabulary entry from it;
+* ``"exponential"`` -- ``random_sample`` (``forward_native``, CUDA with per-request
+  generators, ``use_fp64_gumbel``): a vocabulary-sized vector ``q.exponential_(generator=g)``
+  (float64 with ``use_fp64_gumbel``), the token ``argmax(p / q)``.
+
+:meth:`SamplerNoise.sample` draws the next token's noise the same way and samples with it, so
+verification (:func:`vllm_lookahead.core.sampling.coupled_walk`) consumes a seeded request's
+generator exactly as sampling without speculation does; :meth:`SamplerNoise.sample_rows` does it
+for the rows of several requests' walks in one pass (each row with its own generator's next noise).  Other
+implementations (FlashInfer,
+ROCm's aiter, XPU) have no per-token noise to mirror: :meth:`SamplerNoise.of` returns None
+and verification keeps the SpecInfer rule (exact in distribution, not token for token).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplerNoise:
+    kind: str  # "splitmix" or "exponential"
+    fp64: bool = False  # exponential noise in float64 (use_fp64_gumbel)
+
+    @classmethod
+    def of(cls, sampler: Any) -> SamplerNoise | None:
+        """The noise of vLLM's ``Sampler`` ``sampler``, or None where it cannot be mirrored."""
+        inner = getattr(sampler, "topk_topp_sampler", None)
+        forward = getattr(getattr(inner, "forward", None), "__name__", "")
+        fp64 = bool(getattr(inner, "use_fp64_gumbel", False))
+        if forward == "forward_cpu":
+            return cls("exponential", True) if fp64 else cls("splitmix")
+        if forward in ("forward_native", "forward_cuda"):  # forward_cuda: native whenever a request has a generator
+            return cls("exponential", fp64)
+        return None
+
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None) -> int:
+        """The token vLLM's sampler would draw from ``logits`` (``[1, vocab]``, after temperature
+        and top-k/top-p), with the next noise of ``generator`` (None: the global stream)."""
+        return self.sample_rows(logits, [generator])[0]
+
+    def sample_rows(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
+        """:meth:`sample` for each row of ``logits`` (``[rows, vocab]``) with the next noise of its
+        generator, in one pass: per row the seed / noise vector that row's call of :meth:`sample`
+        would draw (generators in row order), the argmax of every row at once, one read-back."""
+        if self.kind == "splitmix":
+            seeds = torch.cat(
+                [
+                    torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long)
+                    if g is not None
+                    else torch.randint(0, 2**31, (1,), dtype=torch.long)
+                    for g in generators
+                ]
+            )
+            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), seeds).tolist()
+        from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
+
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        q = empty_exponential_noise_like(probs, self.fp64)
+        for row, generator in zip(q, generators, strict=True):
+            if generator is not None:
+                row.exponential_(generator=generator)
+            else:
+                row.exponential_()
+        return sample_with_exponential_noise(probs, q).tolist()

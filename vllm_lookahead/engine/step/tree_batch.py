@@ -1,0 +1,300 @@
+"""One step's draft trees laid out in vLLM's flattened token batch.
+
+vLLM packs every scheduled request's tokens back to back; a request with drafts
+occupies ``1 + len(drafts)`` rows: its root (last accepted token) then the
+draft tokens in tree node order.  This module turns the per-request
+:class:`~vllm_lookahead.core.DraftTree` into what the forward needs:
+
+* RoPE positions ``context_len + depth`` for draft rows (vLLM computed
+  ``context_len + row``, which is only right for a chain) -- KV slots stay the
+  linear ones vLLM derived from its own positions;
+* the attention mask of draft rows: all context KV plus the node's ancestors;
+* the rows whose logits are needed (root, verification nodes, last window level)
+  and, per request, the row used to sample the root token.  Unless a step serves structured
+  output, every request's root row comes first, in batch order, and the trees' other rows after
+  them (``roots_first``): the sampler then reads the roots as one slice of the logits instead of
+  a gathered copy (at 32 requests in flight a 32 x vocabulary copy per step).  vLLM's grammar
+  bitmask walks logits rows request by request (``1 + drafts`` each), so steps with structured
+  output keep each request's rows together.
+
+Only torch and numpy here; :class:`~vllm_lookahead.engine.runner.RunnerLookahead`
+feeds it vLLM's arrays and owns the batch for the step (the attention wrapper and
+the grammar hook read it through :mod:`~vllm_lookahead.engine.hooks.step_context`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from vllm_lookahead.core import DraftTree, StepDraft
+from vllm_lookahead.engine.step.kv import PagedKV
+
+
+@dataclass
+class TreeRequest:
+    batch_index: int  # request row in vLLM's input batch
+    req_id: str
+    tree: DraftTree  # the tree as run (already cut to the scheduled prefix)
+    draft: StepDraft | None  # the proposer's draft (None: foreign drafts run as a chain)
+    token_start: int  # row of the root in the flattened token batch
+    context_len: int  # tokens whose KV precede the root (= vLLM num_computed_tokens)
+    logit_nodes: np.ndarray  # node ids whose logits are computed, ascending
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tree.size
+
+    @cached_property
+    def first_branch_node(self) -> int:
+        """First node whose ancestors are not all earlier nodes (``num_nodes`` for a chain).
+
+        Nodes before it form a chain below the root, for which vLLM's causal
+        attention is already the tree attention: only later rows are recomputed.
+        """
+        parents = self.tree.parents
+        off_chain = np.flatnonzero(parents[1:] != np.arange(len(parents) - 1))
+        return int(off_chain[0]) + 1 if off_chain.size else self.num_nodes
+
+
+@dataclass
+class TreeBatch:
+    requests: list[TreeRequest]
+    logits_indices: torch.Tensor  # rows of hidden states to compute logits for
+    sample_rows: torch.Tensor  # (num_reqs,) logits row used to sample each request's next token
+    tree_logit_rows: np.ndarray  # logits rows of all tree nodes with logits, request by request (host)
+    slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
+    block_table: torch.Tensor | None = None  # (num_reqs, max_blocks) the step's block table
+    kv: PagedKV | None = None  # the worker's paged KV cache
+    tree_attention_layers: int = 0  # layers whose draft rows got the tree mask this step
+    kernel_metadata: tuple | None = None  # (vLLM's attention metadata, ours with the tree rows cut), CPU_ATTN
+    roots_first: bool = False  # logits rows 0..num_reqs-1 are the roots (sample_rows = arange)
+
+    @cached_property
+    def needs_tree_attention(self) -> bool:
+        """Whether any draft row needs the tree mask (False when every tree is a chain)."""
+        return any(tr.first_branch_node < tr.num_nodes for tr in self.requests)
+
+    @cached_property
+    def draft_rows(self) -> PaddedDraftRows | None:
+        """The draft rows that need the tree mask, as one padded attention problem.
+
+        Built on first use (the first attention layer of the step); None when no row needs it.
+        """
+        assert self.block_table is not None and self.kv is not None, "tree batch without KV access"
+        return PaddedDraftRows.build(self.requests, self.block_table, self.kv.block_size)
+
+    def logits_rows_as_drafts(self, scheduled_spec: dict[str, list[int]]) -> dict[str, list[int]]:
+        """``scheduled_spec_decode_tokens`` as vLLM code that walks logits rows must see it.
+
+        vLLM assumes each request owns ``1 + len(drafts)`` logits rows; a tree request owns
+        ``len(logit_nodes)``.  Token values are irrelevant to such code, only lengths.
+        """
+        if self.roots_first:
+            raise RuntimeError(
+                "vllm-lookahead: a step laid out roots first cannot take a grammar bitmask "
+                "(the runner lays out steps with structured output request by request)"
+            )
+        view = dict(scheduled_spec)
+        for tr in self.requests:
+            view[tr.req_id] = [0] * (len(tr.logit_nodes) - 1)
+        return view
+
+    def positions_update(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token rows, RoPE positions) of every draft row."""
+        rows, pos = [], []
+        for tr in self.requests:
+            n = tr.num_nodes
+            rows.append(tr.token_start + np.arange(1, n))
+            pos.append(tr.context_len + tr.tree.depths[1:n].astype(np.int64))
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(rows).astype(np.int64), np.concatenate(pos)
+
+
+def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[DraftTree, StepDraft | None]:
+    """The tree to run for the draft tokens the scheduler sent.
+
+    The scheduler only ever truncates the proposer's list to a prefix; as trees
+    are stored in topological order a prefix is again a tree.  Drafts that do
+    not match the pending tree (e.g. stale after preemption) run as a chain,
+    which is always a correct, if unhelpful, tree.
+    """
+    n = len(scheduled)
+    if draft is not None and n + 1 <= draft.tree.size:
+        tokens = draft.tree.tokens
+        if np.array_equal(tokens[1 : n + 1], np.asarray(scheduled, dtype=tokens.dtype)):
+            return draft.tree.prefix(n + 1), draft
+    root = int(draft.tree.tokens[0]) if draft is not None else -1
+    return DraftTree.chain([root, *scheduled]), None
+
+
+def build_tree_batch(
+    req_ids: list[str],
+    scheduled_spec: dict[str, list[int]],
+    draft_of: Callable[[str], StepDraft | None],
+    query_start_loc: np.ndarray,
+    num_scheduled: np.ndarray,
+    num_computed: np.ndarray,
+    device: torch.device,
+    roots_first: bool = False,
+) -> TreeBatch | None:
+    """Lay out this step's trees; None when no request carries drafts.  ``roots_first``: every
+    request's root (or last) row first, in batch order, then each tree's other rows (the module
+    docstring); else each request's rows together, as vLLM lays out linear drafts."""
+    if not scheduled_spec:
+        return None
+    requests: list[TreeRequest] = []
+    logits_rows: list[np.ndarray] = []  # request by request; roots first: the roots' rows only
+    extra_rows: list[np.ndarray] = []  # roots first: the trees' rows after their roots
+    sample_rows = np.zeros(len(req_ids), dtype=np.int64)
+    tree_rows: list[np.ndarray] = []
+    cursor = len(req_ids) if roots_first else 0  # the next logits row a tree's non-root nodes take
+    for i, req_id in enumerate(req_ids):
+        start = int(query_start_loc[i])
+        spec = scheduled_spec.get(req_id)
+        if spec:
+            requests.append(_tree_request(i, req_id, draft_of(req_id), spec, start, num_scheduled, num_computed))
+            rows = start + requests[-1].logit_nodes
+        else:  # plain row (decode without drafts or prefill chunk): logits of its last token
+            rows = np.array([start + int(num_scheduled[i]) - 1], dtype=np.int64)
+        if roots_first:
+            logits_rows.append(rows[:1])
+            sample_rows[i] = i
+            if spec:
+                extra_rows.append(rows[1:])
+                tree_rows.append(np.concatenate([[i], cursor + np.arange(len(rows) - 1, dtype=np.int64)]))
+                cursor += len(rows) - 1
+        else:
+            logits_rows.append(rows)
+            sample_rows[i] = cursor
+            if spec:
+                tree_rows.append(cursor + np.arange(len(rows), dtype=np.int64))
+            cursor += len(rows)
+    if not requests:
+        return None
+    return TreeBatch(
+        requests=requests,
+        logits_indices=torch.from_numpy(np.concatenate(logits_rows + extra_rows)).to(device),
+        sample_rows=torch.from_numpy(sample_rows).to(device),
+        tree_logit_rows=np.concatenate(tree_rows),
+        roots_first=roots_first,
+    )
+
+
+def _tree_request(
+    i: int,
+    req_id: str,
+    pending: StepDraft | None,
+    spec: list[int],
+    start: int,
+    num_scheduled: np.ndarray,
+    num_computed: np.ndarray,
+) -> TreeRequest:
+    """Request ``i``'s tree as the scheduler sent it (``spec``), placed at token row ``start``."""
+    tree, draft = tree_for_scheduled(pending, spec)
+    assert tree.size == int(num_scheduled[i]), (tree.size, int(num_scheduled[i]))
+    return TreeRequest(
+        batch_index=i,
+        req_id=req_id,
+        tree=tree,
+        draft=draft,
+        token_start=start,
+        context_len=int(num_computed[i]),
+        logit_nodes=tree.logit_rows().astype(np.int64),  # node 0 (root) always has logits and comes first
+    )
+
+
+def draft_rows_mask(tree: DraftTree, context_len: int) -> torch.Tensor:
+    """Visibility of draft rows 1..n-1: every context position, then their tree ancestors."""
+    n = tree.size
+    mask = torch.ones((n - 1, context_len + n), dtype=torch.bool)
+    mask[:, context_len:] = torch.from_numpy(tree.ancestor_mask()[1:])
+    return mask
+
+
+@dataclass
+class PaddedDraftRows:
+    """The draft rows of ``R`` tree requests as one batched, padded attention problem.
+
+    Request ``r`` has ``q_r`` draft rows to recompute (those from its first branch
+    on, see :attr:`TreeRequest.first_branch_node`) and ``L_r = context_len + n_r``
+    keys spread over its KV blocks.  Everything is padded to ``Q = max q_r`` rows
+    and ``NB = max blocks`` blocks, so each attention layer needs one gather each of
+    queries, keys and values, two matmuls and a softmax, and one scatter -- however
+    many requests carry trees (:mod:`vllm_lookahead.engine.step.attention`).  Padded keys are
+    masked out; padded query rows see key 0 only (never all-masked, which would give
+    NaN) and are dropped.  The row indices the layers share are built once per step
+    (:attr:`plans`, filled by the first layer).
+    """
+
+    block_size: int
+    blocks: torch.Tensor  # (R, NB) long: each request's KV blocks, in order
+    query_rows: torch.Tensor  # (R*Q,) long: flattened-batch row of each padded query row
+    mask: torch.Tensor  # (R, 1, Q, NB*block_size) bool
+    valid: torch.Tensor  # (number of draft rows,) long: which of the R*Q padded rows are real
+    out_rows: torch.Tensor  # (number of draft rows,) long: their rows in the flattened batch
+    num_requests: int
+    max_queries: int
+    num_blocks: int
+    requests: list  # the TreeRequests with rows here, in order
+    plans: dict = field(default_factory=dict)  # per layer geometry: the gather/scatter plan of this step
+
+    @property
+    def padded(self) -> bool:
+        """Whether some request has fewer rows than ``Q`` (their padding rows are dropped)."""
+        return self.valid.numel() != self.num_requests * self.max_queries
+
+    def additive_mask(self, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as 0 / -inf, ``(R, 1, group*Q, keys)``: each query row repeated for the
+        ``group`` query heads that share a KV head (stacked head-major, as the pass stacks them)."""
+        R, _, Q, keys = self.mask.shape
+        rows = self.mask.view(R, 1, 1, Q, keys).expand(R, 1, group, Q, keys).reshape(R, 1, group * Q, keys)
+        return torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
+
+    @classmethod
+    def build(cls, requests: list[TreeRequest], block_table: torch.Tensor, block_size: int) -> PaddedDraftRows | None:
+        """None when every tree is a chain (vLLM's causal attention is then exact)."""
+        requests = [tr for tr in requests if tr.first_branch_node < tr.num_nodes]
+        if not requests:
+            return None
+        R = len(requests)
+        Q = max(tr.num_nodes - tr.first_branch_node for tr in requests)
+        lengths = [tr.context_len + tr.num_nodes for tr in requests]
+        NB = max(-(-L // block_size) for L in lengths)
+        keys = NB * block_size
+        table = block_table.index_select(
+            0, torch.tensor([tr.batch_index for tr in requests], device=block_table.device)
+        )
+        if table.shape[1] < NB:  # cannot happen for a valid table; pad defensively with block 0
+            table = torch.nn.functional.pad(table, (0, NB - table.shape[1]))
+        blocks = table[:, :NB].to(torch.long)
+        mask = torch.zeros((R, 1, Q, keys), dtype=torch.bool)
+        query_rows = np.empty((R, Q), dtype=np.int64)
+        valid, out_rows = [], []
+        for r, tr in enumerate(requests):
+            first = tr.first_branch_node
+            q = tr.num_nodes - first
+            query_rows[r, :] = tr.token_start  # padding rows read the root row (harmless, dropped)
+            query_rows[r, :q] = tr.token_start + np.arange(first, tr.num_nodes)
+            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = draft_rows_mask(tr.tree, tr.context_len)[first - 1 :]
+            mask[r, 0, q:, 0] = True
+            valid.append(r * Q + np.arange(q))
+            out_rows.append(query_rows[r, :q])
+        device = block_table.device
+        return cls(
+            block_size=block_size,
+            blocks=blocks,
+            query_rows=torch.from_numpy(query_rows.reshape(-1)).to(device),
+            mask=mask.to(device),
+            valid=torch.from_numpy(np.concatenate(valid)).to(device),
+            out_rows=torch.from_numpy(np.concatenate(out_rows)).to(device),
+            num_requests=R,
+            requests=requests,
+            max_queries=Q,
+            num_blocks=NB,
+        )
