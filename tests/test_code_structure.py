@@ -136,3 +136,9 @@ def test_only_the_engine_imports_vllm():
                 f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n == "vllm" or n.startswith("vllm.")
             ]
     assert found == []
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by their base name (the test folders are no packages)."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
