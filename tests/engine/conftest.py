@@ -28,18 +28,6 @@ from harness import Engine
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def _all_cores() -> str:
-    """This process's cores as one OpenMP list ("0-1"): vLLM's default binds an engine's threads to
-    one core and keeps the other for the rest; the tests' engines compute on all of them (the bundled
-    model's steps ran 1.3-1.4x faster so on the 2-core CI machine), every engine of a comparison alike.
-    Tests that run engines side by side (data and tensor parallelism) give each its own core."""
-    cores = sorted(os.sched_getaffinity(0))
-    contiguous = cores == list(range(cores[0], cores[-1] + 1))
-    return f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
-
-
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", _all_cores())
-
 REAL_MODEL_TOKENS = 64
 
 

@@ -15,7 +15,7 @@ from test_toy_sampling_features import MIXED, _prompts
 
 pytestmark = pytest.mark.engine
 
-TREE = TOY_TREE  # W=3, N=4, G=5, max_lead_tokens 32, full trees every step
+TREE = TOY_TREE  # W=3, N=4, G=5, max_lead_tokens 8, full trees every step
 MAX_TOKENS = 40
 
 # one per prompt of a batch of 8: off, shrunk, reshaped, and default requests side by side

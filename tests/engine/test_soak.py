@@ -1,7 +1,7 @@
 """Soak: >= 64 requests in flight against ``vllm-lookahead serve`` for a bounded time.
 
 The session's toy servers (``toy_servers``: lookahead with full trees and the window on every
-step, and no speculation, same settings) on loopback.  For ``SOAK_SECONDS`` (default 60; env
+step, and no speculation, same settings) on loopback.  For ``SOAK_SECONDS`` (default 40; env
 ``LOOKAHEAD_SOAK_SECONDS``) ``IN_FLIGHT`` clients each send request after request to the
 lookahead server, a seeded mix of:
 
@@ -40,7 +40,7 @@ from servers import TOY_MAX_MODEL_LEN, TOY_NAME, TOY_SPEC, metric_total
 
 pytestmark = pytest.mark.engine
 
-SOAK_SECONDS = float(os.environ.get("LOOKAHEAD_SOAK_SECONDS", "60"))
+SOAK_SECONDS = float(os.environ.get("LOOKAHEAD_SOAK_SECONDS", "40"))
 IN_FLIGHT = 64
 RSS_GROWTH_BOUND = (
     1 << 30
