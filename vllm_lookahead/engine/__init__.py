@@ -21,7 +21,8 @@ One hub and four rooms:
 ``propose/``    what the next step drafts: who may (``eligibility.py``, a request's own settings
                 ``request_overrides.py``, ``thinking_budget.py``), how much room (``room.py``), the
                 record kept per live request (``live_requests.py``), the measured forward cost the
-                draft rule prices with (``step_timing.py``, profiled at start-up by ``cost_profile.py``)
+                draft rule prices with (``step_timing.py``, profiled at start-up by ``cost_profile.py``);
+                in the scheduler, no drafts on a step that admits the waiting requests (``admission.py``)
 ``metrics/``    the worker's counters (``stats.py``) -> the scheduler's spec-decode stats
                 (``spec_metrics.py``) -> the API server's ``vllm:lookahead_*`` (``prometheus.py``)
 """

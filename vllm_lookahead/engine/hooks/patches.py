@@ -29,6 +29,7 @@ from vllm_lookahead.engine.hooks.patching import AddedField, Patch, PatchSet, ap
 from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
 from vllm_lookahead.engine.metrics import spec_metrics
 from vllm_lookahead.engine.propose import request_overrides
+from vllm_lookahead.engine.propose.admission import DraftFreeAdmission
 from vllm_lookahead.engine.runner import RunnerLookahead
 from vllm_lookahead.engine.step import attention
 
@@ -154,6 +155,25 @@ def _update_from_output(original: Callable) -> Callable:
         outputs = original(self, scheduler_output, model_runner_output)
         spec_metrics.finish_step(self, scheduler_output, report, counted, outputs)
         return outputs
+
+    return patched
+
+
+def _schedule(original: Callable) -> Callable:
+    def patched(self, *args, **kwargs):
+        admission = self.__dict__.get("lookahead_admission", False)
+        if admission is False:  # decided once per scheduler
+            lookahead = startup.is_lookahead_config(self.vllm_config.speculative_config)
+            admission = self.__dict__["lookahead_admission"] = DraftFreeAdmission() if lookahead else None
+        waiting = len(self.waiting) + len(getattr(self, "kv_holding_waiting", ()))
+        if admission is None or not waiting:
+            return original(self, *args, **kwargs)
+        running = len(self.running)
+        dropped = admission.before_schedule(self.running, waiting, self.max_num_running_reqs)
+        output = original(self, *args, **kwargs)
+        admitted = len(output.scheduled_new_reqs) + len(output.scheduled_cached_reqs.resumed_req_ids)
+        admission.after_schedule(dropped, running, admitted)
+        return output
 
     return patched
 
@@ -309,6 +329,13 @@ PATCHES: tuple[Patch, ...] = (
         f"positions -- lookahead's largest tree, 83 by default; the line shows the first {PER_POSITION_SHOWN} "
         "(the per-position Prometheus counters keep every position)",
         _spec_decoding_log,
+    ),
+    Patch(
+        "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+        ("self", "throttle_prefills"),
+        "below saturation, a step that admits the waiting requests runs without the running requests' drafts, "
+        "which would lengthen the newcomers' first step (engine/propose/admission.py)",
+        _schedule,
     ),
     Patch(
         f"{RUNNER}:GPUModelRunner._input_fits_in_drafter",

@@ -1,2 +1,2 @@
 """What the next step drafts: eligibility, per-request settings, room, the live-request record, the measured
-step cost."""
+step cost, draft-free admission steps."""
