@@ -1,7 +1,7 @@
 """Soak: >= 64 requests in flight against ``vllm-lookahead serve`` for a bounded time.
 
 The session's toy servers (``toy_servers``: lookahead with full trees and the window on every
-step, and no speculation, same settings) on loopback.  For ``SOAK_SECONDS`` (default 40; env
+step, and no speculation, same settings) on loopback.  For ``SOAK_SECONDS`` (default 25; env
 ``LOOKAHEAD_SOAK_SECONDS``) ``IN_FLIGHT`` clients each send request after request to the
 lookahead server, a seeded mix of:
 
@@ -19,7 +19,7 @@ probe alone, the scheduler's table is empty, the pools hold only the probe's n-g
 n-grams per request stay under their cap during the run; the server's resident memory (API server
 + engine core + worker) grows by less than ``RSS_GROWTH_BOUND`` (1 GiB) from the end of the first
 third of the run to its end.  That bound catches gross leaks only (~0.8 MB per request served): on
-glibc malloc the lookahead server's RSS does grow under this load, 290-460 MiB over such a run,
+glibc malloc the lookahead server's RSS does grow under this load, 290-460 MiB over a 60-s run,
 where with jemalloc (which `vllm-lookahead serve` preloads when installed) it levels off -- glibc's
 heap, not a leak (docs/design.md, "Resident memory"); the summary names the allocator.
 
@@ -40,7 +40,7 @@ from servers import TOY_MAX_MODEL_LEN, TOY_NAME, TOY_SPEC, metric_total
 
 pytestmark = pytest.mark.engine
 
-SOAK_SECONDS = float(os.environ.get("LOOKAHEAD_SOAK_SECONDS", "40"))
+SOAK_SECONDS = float(os.environ.get("LOOKAHEAD_SOAK_SECONDS", "25"))
 IN_FLIGHT = 64
 RSS_GROWTH_BOUND = (
     1 << 30
