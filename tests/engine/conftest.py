@@ -1,11 +1,8 @@
-"""Engines are expensive (~40 s to start on this machine), so they are shared.
+"""Engines run in the test process (``harness.Engine``: ~2 s to start) and are shared.
 
-* :class:`EnginePool` (fixture ``engines``): one engine per (model, speculative config,
-  settings) for the whole session, at most ``CAPACITY`` alive (the least recently used
-  speculative engine is closed first; no-speculation engines last).  Tests read counters
-  as deltas around their own calls.  vLLM registers one engine's Prometheus collectors
-  at a time (a new engine unregisters the previous one's), so the pool puts an engine's
-  own collectors back in the registry when it hands that engine out again.
+* :class:`EnginePool` (fixture ``engines``): the engine for a (model, speculative config,
+  settings), kept until a test asks for another one -- one engine lives at a time
+  (``harness.Engine``).  Tests read counters as deltas around their own calls.
 * :class:`Baselines`: no-speculation results, computed once per (model, settings,
   prompts, params) in the pool's no-speculation engine.
 * ``toy_servers``: two OpenAI servers on the toy model (lookahead and no speculation, see
@@ -55,8 +52,6 @@ def real_model() -> str:
 
     return str(prepare_default_model())
 
-
-CAPACITY = 3
 
 # Files (and, for files mixing models, test-name substrings) in the order they run.
 ORDER = (
@@ -154,13 +149,11 @@ def toy_reference(toy_model, tmp_path_factory, engines):
 
 
 class EnginePool:
-    """Engines shared for the session (see the module docstring)."""
+    """The session's engine (see the module docstring): the one for the last key asked for."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
-        self.capacity = capacity
-        self._engines: dict[str, Engine] = {}  # key -> engine, least recently used first
-        self._collectors: dict[int, list] = {}  # id(engine) -> its Prometheus collectors
-        self._active: Engine | None = None
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._engine: Engine | None = None
 
     @staticmethod
     def key(model: str, spec: dict | None, settings: dict) -> str:
@@ -168,44 +161,16 @@ class EnginePool:
 
     def get(self, model: str, spec: dict | None = None, **settings) -> Engine:
         key = self.key(model, spec, settings)
-        engine = self._engines.pop(key, None)
-        if engine is None:
-            while len(self._engines) >= self.capacity:
-                self._evict()
-            engine = Engine(model, spec, **settings)
-            self._collectors[id(engine)] = _vllm_collectors()
-        elif engine is not self._active:
-            _register_only(self._collectors[id(engine)])
-        self._active = engine
-        self._engines[key] = engine  # most recently used last
-        return engine
-
-    def _evict(self) -> None:
-        keys = list(self._engines)
-        victim = next((k for k in keys if json.loads(k)[1] is not None), keys[0])  # speculative ones first
-        engine = self._engines.pop(victim)
-        self._collectors.pop(id(engine), None)
-        engine.close()
+        if key != self._key or self._engine is None or self._engine.closed:
+            self.close_all()
+            self._engine = Engine(model, spec, **settings)
+            self._key = key
+        return self._engine
 
     def close_all(self) -> None:
-        while self._engines:
-            self._engines.popitem()[1].close()
-
-
-def _vllm_collectors() -> list:
-    from prometheus_client import REGISTRY
-
-    return [c for c in list(REGISTRY._collector_to_names) if str(getattr(c, "_name", "")).startswith("vllm:")]
-
-
-def _register_only(collectors: list) -> None:
-    """Make ``collectors`` the vLLM metrics of the registry (what LLM.get_metrics() reads)."""
-    from prometheus_client import REGISTRY
-
-    for c in _vllm_collectors():
-        REGISTRY.unregister(c)
-    for c in collectors:
-        REGISTRY.register(c)
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = self._key = None
 
 
 @pytest.fixture(scope="session")

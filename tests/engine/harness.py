@@ -92,13 +92,22 @@ def _threads_for(model: str):
 class Engine:
     """One vLLM engine (``LLM``); close() frees it so the next one fits in memory.
 
-    ``in_process=True`` runs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-    so a test can patch plugin code the engine runs.
+    The engine core and its worker run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+    an engine starts in ~2 s instead of ~35 s (vLLM's CPU platform spawns the engine core and
+    its worker, and each spawned process imports vLLM again), and a test can patch plugin code
+    the engine runs.  Tensor-parallel workers are still processes of their own.  One engine
+    lives at a time: in-process engines share the process's distributed state (vLLM's shutdown
+    of one tears down the groups of all), so a new engine closes the live one first.
     """
 
-    def __init__(self, model: str, speculative_config: dict | None = None, in_process: bool = False, **overrides):
+    _live: Engine | None = None
+
+    def __init__(self, model: str, speculative_config: dict | None = None, **overrides):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
+
+        if Engine._live is not None:
+            Engine._live.close()
 
         kwargs = {**ENGINE_DEFAULTS, **overrides}
         if "reasoning_config" not in kwargs:
@@ -110,9 +119,14 @@ class Engine:
             kwargs["reasoning_config"] = ReasoningConfig(reasoning_start_str=THINK_START, reasoning_end_str=THINK_END)
         # a spec's ablation keys (merge_candidates, ...) travel in additional_config, as the benchmark sends them
         kwargs.update(engine_arguments(speculative_config))
-        with _multiprocessing(not in_process), _threads_for(model):
+        with _in_process(), _threads_for(model):
             self.llm = LLM(model=model, **kwargs)
         self.spec = speculative_config
+        Engine._live = self
+
+    @property
+    def closed(self) -> bool:
+        return not hasattr(self, "llm")
 
     def tokenizer(self):
         return self.llm.get_tokenizer()
@@ -156,6 +170,10 @@ class Engine:
         return engine_metrics(self.llm)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        if Engine._live is self:
+            Engine._live = None
         try:
             self.llm.llm_engine.engine_core.shutdown()
         finally:
@@ -164,14 +182,14 @@ class Engine:
 
 
 @contextlib.contextmanager
-def _multiprocessing(enabled: bool):
+def _in_process():
     import vllm.envs as envs
 
     old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     cached = envs._is_envs_cache_enabled()
     if cached:
         envs.disable_envs_cache()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if enabled else "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         yield
     finally:

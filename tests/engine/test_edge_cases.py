@@ -20,6 +20,31 @@ def _prompts(model: str, count: int) -> list[list[int]]:
     return [tokenizer.encode(q["turns"][0])[: 10 + 7 * i] for i, q in enumerate(specbench_questions(limit=count))]
 
 
+def _long_prompt(model: str) -> list[int]:
+    return (sum(_prompts(model, 24), []) * 40)[: MAX_MODEL_LEN - 1]
+
+
+def _eos(model: str) -> int:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model).eos_token_id
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _baselines_first(toy_model, baselines):
+    """Every case's no-speculation run in one engine, before the lookahead engine starts."""
+    baselines.prefetch(
+        toy_model,
+        {},
+        [
+            ([_long_prompt(toy_model)], 8, 1, {}),
+            *((_prompts(toy_model, 8), n, 8, {}) for n in (1, 2)),
+            (_prompts(toy_model, 4), 16, 4, {"allowed_token_ids": [_eos(toy_model)]}),
+            (_prompts(toy_model, 2), 400, 2, {}),
+        ],
+    )
+
+
 def _same(baselines, engines, model, prompts, max_tokens, batch, **params):
     expected = baselines.get(model, {}, prompts, max_tokens, batch=batch, **params)
     engine = engines.get(model, TOY_TREE)
@@ -31,8 +56,7 @@ def _same(baselines, engines, model, prompts, max_tokens, batch, **params):
 
 
 def test_prompt_one_token_short_of_max_model_len(toy_model, engines, baselines):
-    long = (sum(_prompts(toy_model, 24), []) * 40)[: MAX_MODEL_LEN - 1]
-    expected, got, _ = _same(baselines, engines, toy_model, [long], 8, batch=1)
+    expected, got, _ = _same(baselines, engines, toy_model, [_long_prompt(toy_model)], 8, batch=1)
     assert len(got[0].tokens) == 1  # the one position left
 
 
@@ -47,9 +71,7 @@ def test_max_tokens_one_and_two(toy_model, engines, baselines, max_tokens):
 
 
 def test_eos_as_the_first_token(toy_model, engines, baselines):
-    from transformers import AutoTokenizer
-
-    eos = AutoTokenizer.from_pretrained(toy_model).eos_token_id
+    eos = _eos(toy_model)
     prompts = _prompts(toy_model, 4)
     _, got, _ = _same(baselines, engines, toy_model, prompts, 16, batch=4, allowed_token_ids=[eos])
     assert all(c.tokens == [eos] for c in got)

@@ -241,12 +241,12 @@ def test_seeded_requests_with_chunked_prefill_keep_the_engine_alive(toy_model, b
     long_prompts = [(sum(prompts[k:], []) * 4)[: 250 + 40 * k] for k in range(6)]  # > the 96-token budget
     sps = [SamplingParams(temperature=0.8, seed=100 + k, max_tokens=24) for k in range(6)]
     inputs = [TokensPrompt(prompt_token_ids=p) for p in long_prompts]
+    expected = baselines.get(toy_model, STRESS, prompts[:8], 48, batch=8)
     reference = engines.get(toy_model, None, **STRESS).llm.generate(inputs, sps, use_tqdm=False)
     engine = engines.get(toy_model, STRESS_SPEC, **STRESS)
     results = engine.llm.generate(inputs, sps, use_tqdm=False)
     assert [len(r.outputs[0].token_ids) for r in results] == [24] * 6
     assert [list(r.outputs[0].token_ids) for r in results] == [list(r.outputs[0].token_ids) for r in reference]
-    expected = baselines.get(toy_model, STRESS, prompts[:8], 48, batch=8)
     report, failures = compare(expected, engine.generate(prompts[:8], 48, batch=8), "after seeded chunked prefills")
     assert not failures, "\n".join(failures)
 
@@ -259,12 +259,12 @@ def test_prefix_cache_hit_inside_compacted_drafts(toy_model, baselines, engines)
     cached as they fill and kept after the request ends.)"""
     prompt = toy_prompts(toy_model, 1)[0][:40]
     (first,) = baselines.get(toy_model, {}, [prompt], 128, batch=1)
+    follow = prompt + first.tokens[: 32 * 4 + 5 - len(prompt)]  # 4 full blocks of 32, ends 5 tokens into the 5th
+    (want,) = baselines.get(toy_model, {}, [follow], 48, batch=1)
     engine = engines.get(toy_model, TOY_TREE)
     before = engine.metrics()
     (got_first,) = engine.generate([prompt], 128, batch=1)
     middle = engine.metrics()
-    follow = prompt + first.tokens[: 32 * 4 + 5 - len(prompt)]  # 4 full blocks of 32, ends 5 tokens into the 5th
-    (want,) = baselines.get(toy_model, {}, [follow], 48, batch=1)
     (got,) = engine.generate([follow], 48, batch=1)
     drafted, reused = counter_delta(before, middle), counter_delta(middle, engine.metrics())
     report, failures = compare([first, want], [got_first, got], "prefix inside drafts")

@@ -261,7 +261,7 @@ def test_wrong_acceptance_rules_fail_the_statistical_test(sharp_toy_model, engin
     reference = engines.get(sharp_toy_model, None)
     prompt = _branching_prompt(reference)
     ref = _samples(reference, prompt, 0)
-    engine = Engine(sharp_toy_model, WIDE_TREE, in_process=True)
+    engine = Engine(sharp_toy_model, WIDE_TREE)
     results = {}
     try:
         for name in ["the rule", "SpecInfer's rule", *WRONG_RULES]:
