@@ -119,6 +119,31 @@ def test_cli_serve_logs_the_allocator_it_preloads(execs, monkeypatch, capsys):
     assert len(execs) == 1
 
 
+@pytest.mark.parametrize(
+    "argv,problem",
+    [
+        (["--speculative-config", '{"method": "lookahead", "window_size": 65}'], "field 'window_size' = 65"),
+        (['-sc={"method": "lookahead", "ngram": 3}'], "unknown field 'ngram'"),
+        (["--speculative", '{"method": "lookahead"}', "--max-num-batched-tokens", "48"], "raise it to >= 84"),
+        (["--speculative-config", '{"method": "lookahead"}', "--max-model-len=64"], "--max-model-len 64"),
+        (["--speculative-config", '{"method": "lookahead"}', "--max-num-batched-tokens", "84"], None),
+        (["--speculative-config", '{"method": "ngram", "window_size": 65}'], None),  # not ours to check
+        (["--speculative-config", "{not json"], None),  # vLLM's parser says what is wrong
+        (["--speculative-config.window_size", "65"], None),  # dotted keys: the plugin checks them in vLLM
+    ],
+)
+def test_serve_refuses_a_bad_lookahead_config_before_starting_vllm(argv, problem):
+    found = cli.lookahead_config_problem(["serve", "/m", *argv])
+    assert (found is None) if problem is None else (problem in found and "lookahead" in found)
+
+
+def test_cli_serve_reports_a_bad_config_in_one_line_without_exec(execs, capsys):
+    assert cli.main(["serve", "/m", "--speculative-config", '{"method": "lookahead", "guess_set_size": 100}']) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("vllm-lookahead: error: invalid lookahead speculative config: ")
+    assert not execs
+
+
 # --------------------------------------------------------------------------- build_serve_argv
 
 

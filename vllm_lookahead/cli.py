@@ -258,13 +258,13 @@ def _config_file_keys(user_args: Sequence[str]) -> set[str]:
 def _given(user_names: Sequence[str], option: str, aliases: Sequence[str]) -> bool:
     """Whether the user set ``option`` (exactly, by alias, as an unambiguous argparse prefix
     like '--gpu-mem', or through dotted sub-keys like '--speculative-config.method')."""
-    for name in user_names:
-        base = name.split(".", 1)[0]
-        if base == option or base in aliases:
-            return True
-        if base.startswith("--") and len(base) >= 4 and option.startswith(base):
-            return True
-    return False
+    return any(_names(name.split(".", 1)[0], option, aliases) for name in user_names)
+
+
+def _names(name: str, option: str, aliases: Sequence[str]) -> bool:
+    """Whether the option name ``name`` (normalised, no sub-key) sets ``option``: exactly, by
+    alias, or as an unambiguous argparse prefix like '--gpu-mem'."""
+    return name == option or name in aliases or (name.startswith("--") and len(name) >= 4 and option.startswith(name))
 
 
 def _without_own_flags(user_args: Sequence[str]) -> tuple[list[str], bool]:
@@ -602,6 +602,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     except ServeArgsError as exc:
         _err(f"serve: {exc}")
         return 2
+    problem = lookahead_config_problem(plan.argv)
+    if problem is not None:
+        _err(f"error: {problem}")
+        return 2
     os.environ.update(plan.env)
     print(plan.summary(), file=sys.stderr, flush=True)
     allocator = _serve_allocator(on_cpu)
@@ -614,6 +618,54 @@ def _run_serve(args: argparse.Namespace) -> int:
     if hint:
         print(hint, file=sys.stderr, flush=True)
     return _exec_vllm(plan.argv, allocator.preload)
+
+
+def _option_value(argv: Sequence[str], option: str, aliases: Sequence[str] = ()) -> str | None:
+    """The last value given to ``option`` in ``argv`` ('--x v' or '--x=v', by alias or prefix;
+    None if absent)."""
+    value = None
+    for i, arg in enumerate(argv):
+        name = _option_name(arg)
+        if name is None or not _names(name, option, aliases):
+            continue
+        if "=" in arg:
+            value = arg.split("=", 1)[1]
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def lookahead_config_problem(argv: Sequence[str]) -> str | None:
+    """What the plugin would stop vLLM's start-up on, for a lookahead ``--speculative-config``
+    given as JSON on the command line: a bad field, or trees larger than a ``--max-num-batched-tokens``
+    / ``--max-model-len`` given as a number -- checked before vLLM is imported, so the mistake is
+    reported in a second.  None when there is nothing to check here (the plugin still checks
+    everything at start-up, config files and vLLM's own limits included)."""
+    import json
+
+    from vllm_lookahead.config import LookaheadConfig, LookaheadConfigError
+    from vllm_lookahead.engine.hooks.startup import is_lookahead_request, step_size_problems
+
+    raw = _option_value(argv, "--speculative-config", ("-sc",))
+    try:
+        spec = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None  # vLLM's parser says what is wrong with it
+    if not is_lookahead_request(spec):
+        return None
+    try:
+        cfg = LookaheadConfig.from_user_dict(spec)
+    except LookaheadConfigError as exc:
+        return str(exc)
+
+    def number(option: str) -> int | None:
+        value = _option_value(argv, option)
+        return int(value) if value is not None and value.isdigit() else None
+
+    problems = step_size_problems(cfg, number("--max-num-batched-tokens"), number("--max-model-len"))
+    if problems:
+        return "lookahead cannot run with this engine configuration: " + "; ".join(problems)
+    return None
 
 
 def _exec_vllm(argv: list[str], preload: str | None = None) -> int:

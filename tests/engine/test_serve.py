@@ -18,23 +18,32 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.mark.parametrize(
-    "spec,args,needle",
+    "spec,args,needle,in_file",
     [
-        ('{"method": "lookahead", "window_size": 65}', [], "window_size"),
-        ('{"method": "lookahead", "ngram": 3}', [], "ngram"),
+        ('{"method": "lookahead", "window_size": 65}', [], "window_size", False),
+        ('{"method": "lookahead", "ngram": 3}', [], "ngram", False),
         # the default trees (84 tokens a step) cannot fit the step's token budget (max_model_len:
         # tests/unit/test_startup_gpu_settings.py)
         (
             '{"method": "lookahead"}',
             ["--max-num-batched-tokens", "48"],
             "--max-num-batched-tokens is 48: raise it to >= 84",
+            False,
         ),
+        # in a config file the CLI does not read it: the plugin stops vLLM's start-up, in one line
+        ('{"method": "lookahead", "window_size": 65}', [], "window_size", True),
     ],
-    ids=["range", "unknown-key", "over-max-num-batched-tokens"],
+    ids=["range", "unknown-key", "over-max-num-batched-tokens", "in-a-config-file"],
 )
-def test_bad_config_exits_nonzero_with_one_line(spec, args, needle, toy_model):
+def test_bad_config_exits_nonzero_with_one_line(spec, args, needle, in_file, toy_model, tmp_path):
+    if in_file:
+        config = tmp_path / "serve.yaml"
+        config.write_text(f"speculative-config: '{spec}'\n")
+        args = [*args, "--config", str(config)]
+    else:
+        args = [*args, "--speculative-config", spec]
     proc = subprocess.run(
-        [*CLI, "serve", toy_model, "--speculative-config", spec, "--port", str(_free_port()), *args],
+        [*CLI, "serve", toy_model, "--port", str(_free_port()), *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -45,6 +54,8 @@ def test_bad_config_exits_nonzero_with_one_line(spec, args, needle, toy_model):
     ]  # not the echoed command
     assert len(lines) == 1 and "lookahead" in lines[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr.split(lines[0])[-1]
+    # a config on the command line is refused before vLLM is started (the "+ " line echoes its command)
+    assert any(line.startswith("+ ") for line in proc.stderr.splitlines()) == in_file
 
 
 def test_bad_config_in_python_api_raises(toy_model):
