@@ -59,7 +59,7 @@ from vllm_lookahead.engine.propose.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.step.kv import PagedKV
 from vllm_lookahead.engine.step.kv_layers import paged_kv_of
 from vllm_lookahead.engine.step.tree_batch import TreeBatch, build_tree_batch
-from vllm_lookahead.engine.step.verification import sample_one_row_per_request, verify_step
+from vllm_lookahead.engine.step.verification import StepOutcome, sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -193,6 +193,15 @@ class RunnerLookahead:
         t0 = time.perf_counter()
         runner.input_batch.update_async_output_token_ids()
         output, outcomes = verify_step(runner, logits, batch)
+        self.on_verified(outcomes)
+        self.report.verify_seconds += time.perf_counter() - t0
+        if self.stats.maybe_log():
+            self.timing.log()
+        return output
+
+    def on_verified(self, outcomes: dict[str, StepOutcome]) -> None:
+        """This step's trees verified: each outcome kept for its request's next proposal, counted
+        in the stats and the step's report, its host time priced."""
         self.timing.verified(outcomes.values())
         for req_id, outcome in outcomes.items():
             self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path)
@@ -201,10 +210,6 @@ class RunnerLookahead:
                 self.live.set_outcome(req_id, outcome)
             else:
                 self.stats.foreign_drafts += 1
-        self.report.verify_seconds += time.perf_counter() - t0
-        if self.stats.maybe_log():
-            self.timing.log()
-        return output
 
     def propose(
         self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray

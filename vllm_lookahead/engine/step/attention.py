@@ -197,21 +197,30 @@ def _kernel_rows(
     geometry = ("triton", heads, addressing, kv_cache.dtype)
     plan = rows.plans.get(geometry)
     if plan is None:
-        spans = [
-            kernel.TreeRows(
-                tr.batch_index,
-                tr.token_start + tr.first_branch_node,
-                tr.first_branch_node,
-                tr.num_nodes,
-                tr.context_len,
-                tr.tree.ancestor_mask(),
-            )
-            for tr in rows.requests
-        ]
-        plan = rows.plans[geometry] = kernel.TreeAttentionPlan.build(
-            spans, batch.block_table, heads, addressing.num_kv_heads, d, cache_dtype=kv_cache.dtype
-        )
+        plan = rows.plans[geometry] = kernel_plan(batch, heads, addressing.num_kv_heads, d, kv_cache.dtype)
     kernel.tree_attention(plan, by_heads(query, heads, d), kv_cache, by_heads(output, heads, d), addressing, impl.scale)
+
+
+def kernel_plan(batch: TreeBatch, heads: int, num_kv_heads: int, head_size: int, cache_dtype: torch.dtype) -> Any:
+    """The step's launch plan of the Triton kernel for one layer geometry
+    (:class:`~vllm_lookahead.kernels.tree_attention.TreeAttentionPlan`), built on the host by the
+    step's first layer of that geometry."""
+    from vllm_lookahead.kernels import tree_attention as kernel
+
+    spans = [
+        kernel.TreeRows(
+            tr.batch_index,
+            tr.token_start + tr.first_branch_node,
+            tr.first_branch_node,
+            tr.num_nodes,
+            tr.context_len,
+            tr.tree.ancestor_mask(),
+        )
+        for tr in batch.draft_rows.requests
+    ]
+    return kernel.TreeAttentionPlan.build(
+        spans, batch.block_table, heads, num_kv_heads, head_size, cache_dtype=cache_dtype
+    )
 
 
 def _check_kernel(

@@ -235,7 +235,6 @@ class PaddedDraftRows:
     block_size: int
     blocks: torch.Tensor  # (R, NB) long: each request's KV blocks, in order
     query_rows: torch.Tensor  # (R*Q,) long: flattened-batch row of each padded query row
-    mask: torch.Tensor  # (R, 1, Q, NB*block_size) bool
     valid: torch.Tensor  # (number of draft rows,) long: which of the R*Q padded rows are real
     out_rows: torch.Tensor  # (number of draft rows,) long: their rows in the flattened batch
     num_requests: int
@@ -243,6 +242,21 @@ class PaddedDraftRows:
     num_blocks: int
     requests: list  # the TreeRequests with rows here, in order
     plans: dict = field(default_factory=dict)  # per layer geometry: the gather/scatter plan of this step
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """``(R, 1, Q, NB*block_size)`` bool: the keys each padded row sees (its context and its
+        ancestors; a padding row key 0).  Built on first use: the torch pass reads it, the Triton
+        kernel reads the trees' ancestor bits instead (a dense mask over a long context is host
+        work a GPU step would not use)."""
+        R, Q = self.num_requests, self.max_queries
+        mask = torch.zeros((R, 1, Q, self.num_blocks * self.block_size), dtype=torch.bool)
+        for r, tr in enumerate(self.requests):
+            first = tr.first_branch_node
+            q = tr.num_nodes - first
+            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = draft_rows_mask(tr.tree, tr.context_len)[first - 1 :]
+            mask[r, 0, q:, 0] = True
+        return mask.to(self.blocks.device)
 
     @property
     def padded(self) -> bool:
@@ -266,14 +280,12 @@ class PaddedDraftRows:
         Q = max(tr.num_nodes - tr.first_branch_node for tr in requests)
         lengths = [tr.context_len + tr.num_nodes for tr in requests]
         NB = max(-(-L // block_size) for L in lengths)
-        keys = NB * block_size
         table = block_table.index_select(
             0, torch.tensor([tr.batch_index for tr in requests], device=block_table.device)
         )
         if table.shape[1] < NB:  # cannot happen for a valid table; pad defensively with block 0
             table = torch.nn.functional.pad(table, (0, NB - table.shape[1]))
         blocks = table[:, :NB].to(torch.long)
-        mask = torch.zeros((R, 1, Q, keys), dtype=torch.bool)
         query_rows = np.empty((R, Q), dtype=np.int64)
         valid, out_rows = [], []
         for r, tr in enumerate(requests):
@@ -281,8 +293,6 @@ class PaddedDraftRows:
             q = tr.num_nodes - first
             query_rows[r, :] = tr.token_start  # padding rows read the root row (harmless, dropped)
             query_rows[r, :q] = tr.token_start + np.arange(first, tr.num_nodes)
-            mask[r, 0, :q, : tr.context_len + tr.num_nodes] = draft_rows_mask(tr.tree, tr.context_len)[first - 1 :]
-            mask[r, 0, q:, 0] = True
             valid.append(r * Q + np.arange(q))
             out_rows.append(query_rows[r, :q])
         device = block_table.device
@@ -290,7 +300,6 @@ class PaddedDraftRows:
             block_size=block_size,
             blocks=blocks,
             query_rows=torch.from_numpy(query_rows.reshape(-1)).to(device),
-            mask=mask.to(device),
             valid=torch.from_numpy(np.concatenate(valid)).to(device),
             out_rows=torch.from_numpy(np.concatenate(out_rows)).to(device),
             num_requests=R,

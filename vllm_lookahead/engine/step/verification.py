@@ -29,6 +29,11 @@ we instead:
    :class:`StepOutcome` per tree request, which the owner of the step
    (:class:`~vllm_lookahead.engine.runner.RunnerLookahead`) keeps for the
    next proposal.
+
+:func:`verify_step` reads what the device computed (every node's argmax, the rows the plans keep,
+vLLM's sample at the roots); :func:`verify_trees` is the host's part from there on (steps 2-3 and
+the emitted tokens), which the host-work benchmark (``benchmarks/host_work``) replays with recorded
+argmaxes.
 """
 
 from __future__ import annotations
@@ -88,13 +93,58 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     # Before the sampler, which may change the rows it is given in place: every node's argmax, and
     # a copy of the rows of the tree requests that need more than that (sampled, processed, logprobs).
     tree_argmax = _node_argmax(logits, batch, num_reqs)
-    plans = [_plan(runner, sm, tr) for tr in batch.requests]
+    plans = plan_trees(runner.requests, sm, batch)
     kept = _kept_rows(logits, batch, plans)
     roots = logits[:num_reqs] if batch.roots_first else logits[batch.sample_rows]  # roots first: no copy
     sampled = sample_one_row_per_request(runner.sampler, roots, sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
+    verified = verify_trees(sm, batch, plans, kept, tree_argmax, root_tokens, SamplerNoise.of(runner.sampler))
 
-    noise = SamplerNoise.of(runner.sampler)  # None: the sampler's noise cannot be mirrored
+    emitted_rows: dict[int, tuple[torch.Tensor, list[int]]] = {}  # batch index -> (logprob rows, tokens)
+    if sm.max_num_logprobs is not None:
+        for item in verified.items:
+            t0 = time.perf_counter()
+            emitted_rows[item.tr.batch_index] = (_logprob_rows(runner, sm, item), verified.outputs[item.tr.batch_index])
+            verified.outcomes[item.tr.req_id].seconds += time.perf_counter() - t0
+    max_len = max(len(o) for o in verified.outputs)
+    token_ids = verified.token_grid(max_len).to(sampled.sampled_token_ids.device)
+    logprobs = _logprobs_grid(runner, sampled.logprobs_tensors, sm, num_reqs, max_len, emitted_rows)
+    return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), verified.outcomes
+
+
+@dataclass
+class TreesVerified:
+    """The host's part of one step's verification (:func:`verify_trees`)."""
+
+    outputs: list[list[int]]  # per request in the batch: its emitted tokens (plain ones: the sampled root token)
+    outcomes: dict[str, StepOutcome]  # per tree request
+    items: list[_Verifying]
+
+    def token_grid(self, max_len: int) -> torch.Tensor:
+        """``[num_reqs, max_len]`` emitted tokens padded with :data:`PLACEHOLDER` (the rejection
+        sampler's layout)."""
+        return torch.tensor([out + [PLACEHOLDER] * (max_len - len(out)) for out in self.outputs], dtype=torch.int32)
+
+
+def plan_trees(requests: Any, sm: Any, batch: TreeBatch) -> list[_Plan]:
+    """Each tree request's verification plan (``requests``: vLLM's per-request states by id)."""
+    return [_plan(requests[tr.req_id], sm, tr) for tr in batch.requests]
+
+
+def verify_trees(
+    sm: Any,
+    batch: TreeBatch,
+    plans: list[_Plan],
+    kept: dict[str, torch.Tensor],
+    tree_argmax: np.ndarray,
+    root_tokens: list[int],
+    noise: SamplerNoise | None,
+) -> TreesVerified:
+    """The host's part of a step's verification, given what the device computed -- every tree
+    node's argmax (``batch.tree_logit_rows`` order), the kept rows of the requests that read
+    more than that, vLLM's sample at every root: each tree request's path (greedy match, or the
+    walk coupled to the sampler's ``noise``), the step's emitted tokens, and the accepted paths'
+    KV moved into place (:meth:`~vllm_lookahead.engine.step.kv.PagedKV.move`)."""
     items = []
     cursor = 0
     for tr, plan in zip(batch.requests, plans, strict=True):
@@ -111,30 +161,19 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
 
     outputs: list[list[int]] = [[t] for t in root_tokens]
     outcomes: dict[str, StepOutcome] = {}
-    emitted_rows: dict[int, tuple[torch.Tensor, list[int]]] = {}  # batch index -> (logprob rows, tokens)
     src_slots: list[int] = []
     dst_slots: list[int] = []
     for item in items:
         tr, path = item.tr, item.path
         assert path is not None
-        tokens = [*tr.tree.tokens[path].tolist(), item.last]
-        outputs[tr.batch_index] = tokens
-        if sm.max_num_logprobs is not None:
-            t0 = time.perf_counter()
-            emitted_rows[tr.batch_index] = (_logprob_rows(runner, sm, item), tokens)
-            item.seconds += time.perf_counter() - t0
+        outputs[tr.batch_index] = [*tr.tree.tokens[path].tolist(), item.last]
         for depth, node in enumerate(path.tolist(), start=1):
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
         outcomes[tr.req_id] = StepOutcome(tr.draft, tr.num_nodes, item.argmax, path, item.greedy, item.seconds)
-
     _compact(batch, src_slots, dst_slots)
-    max_len = max(len(o) for o in outputs)
-    padded = [out + [PLACEHOLDER] * (max_len - len(out)) for out in outputs]
-    token_ids = torch.tensor(padded, dtype=torch.int32).to(sampled.sampled_token_ids.device)
-    logprobs = _logprobs_grid(runner, sampled.logprobs_tensors, sm, num_reqs, max_len, emitted_rows)
-    return SamplerOutput(sampled_token_ids=token_ids, logprobs_tensors=logprobs), outcomes
+    return TreesVerified(outputs, outcomes, items)
 
 
 def sample_one_row_per_request(sampler: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
@@ -224,9 +263,8 @@ class _Plan:
     output: list[int]  # its output tokens so far (penalties and min_tokens read them)
 
 
-def _plan(runner: Any, sm: Any, tr: Any) -> _Plan:
+def _plan(state: Any, sm: Any, tr: Any) -> _Plan:
     i = tr.batch_index
-    state = runner.requests[tr.req_id]
     sp, output = state.sampling_params, state.output_token_ids
     min_tokens = None
     if sp is not None and sp.min_tokens and len(output) < sp.min_tokens:

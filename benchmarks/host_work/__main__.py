@@ -1,0 +1,182 @@
+"""``python -m benchmarks.host_work``: the plugin's host work per decode step, without a model.
+
+    python -m benchmarks.host_work --out docs/bench/DATE-host-work
+
+Replays recorded greedy streams (:mod:`.streams`) through lookahead's worker-side path exactly as
+the engine runs it (:mod:`.lookahead_replay`) and through vLLM's ``ngram`` and ``suffix``
+proposers (:mod:`.anchors`), at each batch size and context length: host time per step and per
+request, p50 and p99, split by phase.  Writes ``results.json`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.host_work.anchors import ANCHORS, AnchorReplay, missing
+from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes
+from benchmarks.host_work.streams import RECORDING, recorded_streams, with_context
+
+BATCH_SIZES = (1, 8, 32, 128, 256, 1024)
+CONTEXTS = (0, 8192)
+
+
+def _stats(values: list[float] | np.ndarray) -> dict[str, float]:
+    a = np.asarray(values, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from benchmarks.replay import replay_cost
+    from benchmarks.suite import environment
+
+    env = environment()
+    streams = recorded_streams(args.recording)
+    cost = replay_cost(args.cost)
+    cells = []
+    for context in args.contexts:
+        served = with_context(streams, context)
+        max_model_len = max(len(s.prompt) + len(s.output) for s in served) + 8
+        for batch in args.batch_sizes:
+            cell: dict = {"context": context, "batch": batch}
+            replay = LookaheadReplay(served, batch, json.loads(args.config), cost, max_model_len)
+            for _ in range(args.warmup):
+                replay.step(None)
+            times = StepTimes()
+            for _ in range(args.steps):
+                replay.step(times)
+            total = times.totals()
+            decoding = max(1, sum(times.decoding))
+            cell["lookahead"] = {
+                "step_s": _stats(total),
+                "request_s": _stats(total / np.maximum(1, times.decoding)),
+                "phases_s": {p: _stats(times.seconds[p]) for p in PHASES},
+                "draft_tokens_per_step": float(np.mean(times.draft_tokens)),
+                "tokens_per_request_step": sum(times.emitted) / decoding,
+            }
+            for name in args.anchors:
+                if missing(name):
+                    continue
+                anchor = AnchorReplay(name, served, batch, max_model_len)
+                for _ in range(args.warmup):
+                    anchor.step(None)
+                seconds: list[float] = []
+                drafted = emitted = 0
+                for _ in range(args.steps):
+                    d, e = anchor.step(seconds)
+                    drafted, emitted = drafted + d, emitted + e
+                cell[name] = {
+                    "step_s": _stats(seconds),
+                    "request_s": _stats(np.asarray(seconds) / batch),
+                    "draft_tokens_per_step": drafted / args.steps,
+                    "tokens_per_request_step": emitted / max(1, args.steps * batch),
+                }
+            print(_line(cell), flush=True)
+            cells.append(cell)
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{env.get('cpu', env['machine'])}, {_cores()} cores",
+        "environment": env,
+        "command": "python -m benchmarks.host_work " + " ".join(args.argv),
+        "recording": str(args.recording),
+        "cost": args.cost,
+        "config": json.loads(args.config),
+        "steps": args.steps,
+        "skipped": {name: missing(name) for name in args.anchors if missing(name)},
+        "cells": cells,
+    }
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3f}"
+
+
+def _line(cell: dict) -> str:
+    la = cell["lookahead"]
+    parts = [
+        f"context {cell['context']:>5} batch {cell['batch']:>4}: lookahead {_ms(la['step_s']['p50'])} ms/step p50 "
+        f"({_ms(la['step_s']['p99'])} p99), {1e6 * la['request_s']['p50']:.1f} us/request"
+    ]
+    for name in ANCHORS:
+        if name in cell:
+            parts.append(f"{name} {_ms(cell[name]['step_s']['p50'])} ms/step")
+    return "; ".join(parts)
+
+
+def markdown(result: dict) -> str:
+    anchors = [a for a in ANCHORS if any(a in c for c in result["cells"])]
+    lines = [
+        f"# Host work per decode step ({result['date']})",
+        "",
+        f"Machine: {result['machine']}.  Command: `{result['command']}`.  "
+        f"Streams: greedy completions of `{Path(result['recording']).parent.name}`; "
+        f"draft rule priced with the `{result['cost']}` forward; {result['steps']} measured steps per cell.",
+        "",
+        "Lookahead: everything between two forwards that no speculation does not do, in ms per step "
+        "(p50 / p99) and us per decoding request (p50); then the p50 of each phase.  "
+        + (", ".join(f"`{a}`" for a in anchors) + ": vLLM's proposer, ms per step (p50 / p99)." if anchors else ""),
+        "",
+        "| context | batch | lookahead ms/step | us/request | "
+        + " | ".join(PHASES)
+        + " | draft tokens/step | tokens/request-step | "
+        + " | ".join(f"{a} ms/step" for a in anchors)
+        + " |",
+        "|" + "---|" * (5 + len(PHASES) + 1 + len(anchors)),
+    ]
+    for c in result["cells"]:
+        la = c["lookahead"]
+        row = [
+            str(c["context"]),
+            str(c["batch"]),
+            f"{_ms(la['step_s']['p50'])} / {_ms(la['step_s']['p99'])}",
+            f"{1e6 * la['request_s']['p50']:.1f}",
+            *(_ms(la["phases_s"][p]["p50"]) for p in PHASES),
+            f"{la['draft_tokens_per_step']:.1f}",
+            f"{la['tokens_per_request_step']:.2f}",
+            *(f"{_ms(c[a]['step_s']['p50'])} / {_ms(c[a]['step_s']['p99'])}" if a in c else "-" for a in anchors),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    for name, why in result["skipped"].items():
+        lines += ["", f"`{name}` not run: {why}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_work", description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="history tokens before each prompt")
+    p.add_argument("--steps", type=int, default=200, help="measured steps per cell")
+    p.add_argument("--warmup", type=int, default=50, help="steps before measuring (the batch fills, pools warm)")
+    p.add_argument("--anchors", nargs="*", default=list(ANCHORS), choices=ANCHORS)
+    p.add_argument("--config", default="{}", help="lookahead's --speculative-config keys (JSON)")
+    p.add_argument("--cost", default="h100", help="the draft rule's forward: h100, a100 (rooflines), cpu, or a file")
+    p.add_argument("--recording", type=Path, default=RECORDING)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    args.argv = argv
+    t0 = time.perf_counter()
+    result = run(args)
+    result["wall_s"] = time.perf_counter() - t0
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "results.md").write_text(markdown(result))
+    print(f"wrote {args.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

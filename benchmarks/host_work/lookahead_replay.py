@@ -1,0 +1,247 @@
+"""Lookahead's worker-side path, step by step, on a stand-in for vLLM's GPU model runner.
+
+The engine's own :class:`~vllm_lookahead.engine.runner.RunnerLookahead` runs every hook a decode
+step calls, in the engine's order, over ``batch`` requests served continuously (a request that
+ends is replaced by the next stream, whose first step is its prefill):
+
+``update``     :meth:`~RunnerLookahead.on_update_states` (finished requests forgotten)
+``tree batch`` :meth:`~RunnerLookahead.on_prepare_inputs`: the step's trees laid out, RoPE
+               positions rewritten, logits rows chosen
+``attention``  the tree-attention metadata the step's first attention layer builds on a GPU
+               (:attr:`TreeBatch.draft_rows` and the Triton kernel's launch plan,
+               :func:`~vllm_lookahead.engine.step.attention.kernel_plan`, for a Llama-3.1-8B layer:
+               32 query heads, 8 KV heads, head size 128, bf16)
+``verify``     the host's part of verification (:func:`~vllm_lookahead.engine.step.verification.
+               verify_trees` with the accepted paths' KV moves listed,
+               :meth:`~RunnerLookahead.on_verified`, the emitted-token grid)
+``propose``    :meth:`~RunnerLookahead.propose`: windows slide, pools learn, the draft rule sizes
+               the step, trees are built
+``report``     :meth:`~RunnerLookahead.take_report`: the step's report for the scheduler
+
+What the device does is not here: the forward, each tree node's argmax and vLLM's sample at the
+roots (the replay reads them off the recording: greedy output does not depend on the drafts), the
+KV copies themselves.  Every emitted token is checked against the recording, so a replay that
+ran is an exact one.  The draft rule prices trees with a GPU's forward-cost model (``cost``), not
+refined by the replay (no forward runs); its verification price and idle rests learn from the
+replay's own host time, as on a server.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.host_work.served import ServedBatch
+from benchmarks.host_work.streams import Stream
+
+PHASES = ("update", "tree batch", "attention", "verify", "propose", "report")
+BLOCK_SIZE = 16
+# A Llama-3.1-8B attention layer (the GPU check's shape): the kernel plan's geometry.
+HEADS, KV_HEADS, HEAD_SIZE = 32, 8, 128
+
+
+@dataclass
+class StepTimes:
+    """Seconds per phase of every measured step, and what each step carried."""
+
+    seconds: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    decoding: list[int] = field(default_factory=list)  # requests decoding (not prefilling) per step
+    draft_tokens: list[int] = field(default_factory=list)  # draft tokens the step ran
+    emitted: list[int] = field(default_factory=list)  # tokens the decoding requests emitted
+
+    def totals(self) -> np.ndarray:
+        return np.sum([self.seconds[p] for p in PHASES], axis=0)
+
+
+class _Table:
+    """vLLM's block table as the tree path reads it: the step's slot mapping and the table."""
+
+    def __init__(self, max_tokens: int, max_reqs: int, max_blocks: int) -> None:
+        self.slot_mapping = SimpleNamespace(gpu=torch.arange(max_tokens, dtype=torch.int64))
+        self._table = torch.zeros((max_reqs, max_blocks), dtype=torch.int32)
+
+    def get_device_tensor(self, num_reqs: int) -> torch.Tensor:
+        return self._table[:num_reqs]
+
+
+class _KV:
+    """The paged KV cache as verification reaches it: the accepted paths' moves are counted."""
+
+    block_size = BLOCK_SIZE
+
+    def __init__(self) -> None:
+        self.moves = 0
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.moves += int(src.numel())
+
+
+class LookaheadReplay:
+    """``batch`` requests in flight over ``streams`` (cycled), lookahead with the user's ``keys``."""
+
+    def __init__(self, streams: list[Stream], batch: int, keys: dict[str, Any], cost: Any, max_model_len: int):
+        from vllm import SamplingParams
+
+        from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
+        from vllm_lookahead.engine.runner import RunnerLookahead
+
+        self.streams, self.batch, self.max_model_len = streams, batch, max_model_len
+        model = SimpleNamespace(max_model_len=max_model_len, uses_mrope=False, logits_processors=None)
+        vllm_config = SimpleNamespace(
+            additional_config={"lookahead": dict(keys)},
+            model_config=model,
+            device_config=SimpleNamespace(device_type="cuda"),
+        )
+        self.runner = SimpleNamespace(
+            vllm_config=vllm_config,
+            model_config=model,
+            drafter=LookaheadProposer(vllm_config),
+            device=torch.device("cpu"),
+            requests={},
+            positions=torch.zeros(1, dtype=torch.int64),
+            query_start_loc=SimpleNamespace(np=np.zeros(batch + 1, dtype=np.int32)),
+            input_batch=SimpleNamespace(
+                req_ids=[],
+                num_reqs=batch,
+                num_computed_tokens_cpu=np.zeros(batch, dtype=np.int32),
+                block_table=[_Table(1, batch, -(-max_model_len // BLOCK_SIZE))],
+                thinking_budget_state_holder=None,
+            ),
+        )
+        state = RunnerLookahead.of(self.runner)
+        assert state is not None
+        self.state = state
+        self.kv = state.kv = _KV()
+        state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
+        self._sm = SimpleNamespace(
+            all_greedy=True,
+            all_random=False,
+            max_num_logprobs=None,
+            allowed_token_ids_mask=None,
+            bad_words_token_ids=None,
+            no_penalties=True,
+            generators={},
+        )
+        self.served = ServedBatch(
+            streams, batch, max_model_len, SamplingParams(temperature=0.0, max_tokens=max_model_len)
+        )
+        self.runner.requests = self.served.requests
+        self.runner.input_batch.req_ids = self.served.req_ids
+        self._drafts: list[list[int]] = [[] for _ in range(batch)]
+
+    # -- one step ------------------------------------------------------------------------
+    def step(self, times: StepTimes | None) -> None:
+        """One engine step over the batch; its phases' host time into ``times`` (None: warm-up)."""
+        from vllm_lookahead.engine.step.attention import kernel_plan
+        from vllm_lookahead.engine.step.verification import plan_trees, verify_trees
+
+        runner, state, served = self.runner, self.state, self.served
+        slots = served.slots
+        decoding = sum(not s.prefill for s in slots)
+        scheduled = np.array(
+            [len(s.stream.prompt) if s.prefill else 1 + len(d) for s, d in zip(slots, self._drafts)], dtype=np.int32
+        )
+        spec = {s.req_id: d for s, d in zip(slots, self._drafts) if d and not s.prefill}
+        qsl = runner.query_start_loc.np
+        qsl[0] = 0
+        np.cumsum(scheduled, out=qsl[1:])
+        total = int(qsl[-1])
+        if runner.positions.numel() < total:
+            runner.positions = torch.zeros(2 * total, dtype=torch.int64)
+            table = runner.input_batch.block_table[0]
+            table.slot_mapping.gpu = torch.arange(2 * total, dtype=torch.int64)
+        runner.input_batch.num_computed_tokens_cpu[:] = [
+            0 if s.prefill else len(s.stream.prompt) + s.emitted - 1 for s in slots
+        ]
+        sched = SimpleNamespace(
+            scheduled_spec_decode_tokens=spec,
+            has_structured_output_requests=False,
+            total_num_scheduled_tokens=total,
+            num_scheduled_tokens={s.req_id: int(n) for s, n in zip(slots, scheduled)},
+            finished_req_ids=served.finished,
+            preempted_req_ids=set(),
+            scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
+        )
+        clock: dict[str, float] = {}
+
+        t = time.perf_counter()
+        state.on_update_states(sched)
+        clock["update"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        state.on_prepare_inputs(sched, (None, None, 0))
+        batch = state.batch
+        clock["tree batch"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        if batch is not None and batch.needs_tree_attention:
+            kernel_plan(batch, HEADS, KV_HEADS, HEAD_SIZE, torch.bfloat16)
+        clock["attention"] = time.perf_counter() - t
+
+        roots = served.next_tokens()  # vLLM's sample at every root (the device's)
+        outputs: list[list[int]] = [[r] for r in roots]
+        t = time.perf_counter()
+        if batch is not None:
+            state.batch = None  # taken by the step's sampling, as in the engine
+            argmax = self._tree_argmax(batch)  # the device's argmax of every tree node (not timed)
+            t = time.perf_counter()
+            verified = verify_trees(
+                self._sm, batch, plan_trees(runner.requests, self._sm, batch), {}, argmax, roots, None
+            )
+            state.on_verified(verified.outcomes)
+            verified.token_grid(max(len(o) for o in verified.outputs))
+            outputs = verified.outputs
+            state.report.verify_seconds += time.perf_counter() - t
+        clock["verify"] = time.perf_counter() - t
+
+        emitted = served.advance(outputs)
+
+        t = time.perf_counter()
+        self._drafts = state.propose(outputs, served.num_tokens, served.token_ids)
+        clock["propose"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        state.take_report()
+        clock["report"] = time.perf_counter() - t
+
+        if times is not None:
+            for p in PHASES:
+                times.seconds[p].append(clock[p])
+            times.decoding.append(decoding)
+            times.draft_tokens.append(sum(len(d) for d in spec.values()))
+            times.emitted.append(emitted)
+        for i in served.replace_finished():
+            self._drafts[i] = []
+        runner.input_batch.req_ids = served.req_ids
+
+    def _tree_argmax(self, batch: Any) -> np.ndarray:
+        """What the target model says at every tree node with logits (``tree_logit_rows`` order):
+        the recorded next token where the node's path is the recorded continuation, else a token
+        off it (the recording's token one further on)."""
+        out = []
+        for tr in batch.requests:
+            slot = self.served.slots[tr.batch_index]
+            text, at = slot.stream.output, slot.emitted
+            tokens, parents, depths = tr.tree.tokens, tr.tree.parents, tr.tree.depths
+            on_path = np.zeros(tr.num_nodes, dtype=bool)
+            on_path[0] = True
+            said = np.empty(tr.num_nodes, dtype=np.int64)
+            for node in range(tr.num_nodes):
+                d = int(depths[node])
+                if node:
+                    on_path[node] = (
+                        on_path[parents[node]] and at + d - 1 < len(text) and tokens[node] == text[at + d - 1]
+                    )
+                right = text[at + d] if at + d < len(text) else text[-1]
+                if on_path[node]:
+                    said[node] = right
+                else:
+                    other = text[(at + d + 1) % len(text)]
+                    said[node] = other if other != right else right + 1
+            out.append(said[tr.logit_nodes])
+        return np.concatenate(out)

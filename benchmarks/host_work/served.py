@@ -1,0 +1,99 @@
+"""Requests served continuously over recorded streams: the batch every host-work replay steps.
+
+``batch`` slots, each holding one request; a request that has emitted its whole recorded output
+ends and the next stream takes its slot (its first step is its prefill).  The token history of
+every slot lives in one ``[batch, max_model_len]`` array, as in vLLM's input batch, which both
+lookahead's proposer and vLLM's ``ngram`` proposer read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+from benchmarks.host_work.streams import Stream
+
+
+@dataclass
+class Slot:
+    stream: Stream
+    req_id: str
+    emitted: int = 0  # output tokens served so far
+    prefill: bool = True  # its next step is its prefill
+
+
+class ServedBatch:
+    def __init__(self, streams: list[Stream], batch: int, max_model_len: int, sampling_params: object = None) -> None:
+        self.streams, self.max_model_len, self._params = streams, max_model_len, sampling_params
+        self.requests: dict[str, SimpleNamespace] = {}  # vLLM's per-request states, as the runner keeps them
+        self.token_ids = np.zeros((batch, max_model_len), dtype=np.int32)
+        self.num_tokens = np.zeros(batch, dtype=np.int32)
+        self._next_stream = self._next_id = 0
+        self.finished: set[str] = set()  # request ids that ended at the last step
+        self.slots = [self._admit(i) for i in range(batch)]
+
+    @property
+    def req_ids(self) -> list[str]:
+        return [s.req_id for s in self.slots]
+
+    def _admit(self, i: int) -> Slot:
+        stream = self.streams[self._next_stream % len(self.streams)]
+        self._next_stream += 1
+        prompt = list(stream.prompt[-(self.max_model_len - len(stream.output) - 1) :])
+        slot = Slot(Stream(tuple(prompt), stream.output), f"r{self._next_id}")
+        self._next_id += 1
+        self.requests[slot.req_id] = SimpleNamespace(
+            prompt_token_ids=prompt, sampling_params=self._params, output_token_ids=[]
+        )
+        self.token_ids[i, : len(prompt)] = prompt
+        self.num_tokens[i] = len(prompt)
+        return slot
+
+    def next_tokens(self) -> list[int]:
+        """Each request's next recorded token: what vLLM samples at its root (or after its prefill)."""
+        return [s.stream.output[s.emitted] for s in self.slots]
+
+    def advance(self, outputs: list[list[int]]) -> int:
+        """Every request's emitted tokens appended, cut where its recording ends and checked
+        against it (``outputs`` is cut in place); the tokens the decoding requests emitted."""
+        emitted = 0
+        for i, (slot, tokens) in enumerate(zip(self.slots, outputs)):
+            text = slot.stream.output
+            tokens = tokens[: len(text) - slot.emitted]
+            want = list(text[slot.emitted : slot.emitted + len(tokens)])
+            if tokens != want:
+                raise AssertionError(f"{slot.req_id}: emitted {tokens}, the recording says {want}")
+            if not slot.prefill:
+                emitted += len(tokens)
+            start = int(self.num_tokens[i])
+            self.token_ids[i, start : start + len(tokens)] = tokens
+            self.num_tokens[i] = start + len(tokens)
+            self.requests[slot.req_id].output_token_ids.extend(tokens)
+            slot.emitted += len(tokens)
+            slot.prefill = False
+            outputs[i] = tokens
+        return emitted
+
+    def replace_finished(self) -> list[int]:
+        """Requests whose recording is fully emitted end; the next streams take their slots.
+        Returns the slots that changed hands."""
+        self.finished = set()
+        replaced = []
+        for i, slot in enumerate(self.slots):
+            if slot.emitted >= len(slot.stream.output):
+                self.finished.add(slot.req_id)
+                del self.requests[slot.req_id]
+                self.slots[i] = self._admit(i)
+                replaced.append(i)
+        return replaced
+
+
+def accepted_chain(draft: list[int], text: tuple[int, ...], at: int) -> list[int]:
+    """A chain draft verified greedily against the recording from position ``at``: the matching
+    prefix and the bonus token (what vLLM's rejection sampler emits)."""
+    n = 0
+    while n < len(draft) and at + n < len(text) and draft[n] == text[at + n]:
+        n += 1
+    return list(text[at : at + n + 1])
