@@ -11,8 +11,11 @@ request, p50 and p99, split by phase.  Writes ``results.json`` and ``results.md`
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,10 +23,25 @@ import numpy as np
 
 from benchmarks.host_work.anchors import ANCHORS, AnchorReplay, missing
 from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes
+from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS
 from benchmarks.host_work.streams import RECORDING, recorded_streams, with_context
 
 BATCH_SIZES = (1, 8, 32, 128, 256, 1024)
 CONTEXTS = (0, 8192)
+
+
+@contextmanager
+def engine_heap() -> Iterator[None]:
+    """The garbage collector as a vLLM engine runs its steps: everything allocated before serving
+    (imports, the recording, the replay's set-up) frozen out of its scans, as vLLM's engine core
+    does at start-up (``vllm.utils.gc_utils.freeze_gc_heap``); what the steps allocate is scanned
+    as it would be in the engine."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _stats(values: list[float] | np.ndarray) -> dict[str, float]:
@@ -44,12 +62,16 @@ def run(args: argparse.Namespace) -> dict:
         max_model_len = max(len(s.prompt) + len(s.output) for s in served) + 8
         for batch in args.batch_sizes:
             cell: dict = {"context": context, "batch": batch}
-            replay = LookaheadReplay(served, batch, json.loads(args.config), cost, max_model_len)
-            for _ in range(args.warmup):
-                replay.step(None)
+            replay = LookaheadReplay(
+                served, batch, json.loads(args.config), cost, max_model_len, args.max_num_batched_tokens
+            )
             times = StepTimes()
-            for _ in range(args.steps):
-                replay.step(times)
+            with engine_heap():
+                for _ in range(args.warmup):
+                    replay.step(None)
+                for _ in range(args.steps):
+                    replay.step(times)
+            del replay
             total = times.totals()
             decoding = max(1, sum(times.decoding))
             cell["lookahead"] = {
@@ -62,14 +84,16 @@ def run(args: argparse.Namespace) -> dict:
             for name in args.anchors:
                 if missing(name):
                     continue
-                anchor = AnchorReplay(name, served, batch, max_model_len)
-                for _ in range(args.warmup):
-                    anchor.step(None)
+                anchor = AnchorReplay(name, served, batch, max_model_len, args.max_num_batched_tokens)
                 seconds: list[float] = []
                 drafted = emitted = 0
-                for _ in range(args.steps):
-                    d, e = anchor.step(seconds)
-                    drafted, emitted = drafted + d, emitted + e
+                with engine_heap():
+                    for _ in range(args.warmup):
+                        anchor.step(None)
+                    for _ in range(args.steps):
+                        d, e = anchor.step(seconds)
+                        drafted, emitted = drafted + d, emitted + e
+                del anchor
                 cell[name] = {
                     "step_s": _stats(seconds),
                     "request_s": _stats(np.asarray(seconds) / batch),
@@ -87,6 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         "cost": args.cost,
         "config": json.loads(args.config),
         "steps": args.steps,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
         "skipped": {name: missing(name) for name in args.anchors if missing(name)},
         "cells": cells,
     }
@@ -114,6 +139,10 @@ def _line(cell: dict) -> str:
     return "; ".join(parts)
 
 
+def _spread(stats: dict[str, float]) -> str:
+    return " / ".join(_ms(stats[k]) for k in ("mean", "p50", "p99"))
+
+
 def markdown(result: dict) -> str:
     anchors = [a for a in ANCHORS if any(a in c for c in result["cells"])]
     lines = [
@@ -121,11 +150,17 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {result['machine']}.  Command: `{result['command']}`.  "
         f"Streams: greedy completions of `{Path(result['recording']).parent.name}`; "
-        f"draft rule priced with the `{result['cost']}` forward; {result['steps']} measured steps per cell.",
+        f"draft rule priced with the `{result['cost']}` forward; {result['steps']} measured steps per cell; "
+        f"new prompts computed in chunks of a {result.get('max_num_batched_tokens', '-')}-token step budget.",
         "",
         "Lookahead: everything between two forwards that no speculation does not do, in ms per step "
-        "(p50 / p99) and us per decoding request (p50); then the p50 of each phase.  "
-        + (", ".join(f"`{a}`" for a in anchors) + ": vLLM's proposer, ms per step (p50 / p99)." if anchors else ""),
+        "(mean / p50 / p99) and us per decoding request (p50); then the p50 of each phase.  "
+        + (
+            ", ".join(f"`{a}`" for a in anchors) + ": vLLM's proposer, ms per step (mean / p50 / p99)."
+            if anchors
+            else ""
+        )
+        + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen.",
         "",
         "| context | batch | lookahead ms/step | us/request | "
         + " | ".join(PHASES)
@@ -139,12 +174,12 @@ def markdown(result: dict) -> str:
         row = [
             str(c["context"]),
             str(c["batch"]),
-            f"{_ms(la['step_s']['p50'])} / {_ms(la['step_s']['p99'])}",
+            _spread(la["step_s"]),
             f"{1e6 * la['request_s']['p50']:.1f}",
             *(_ms(la["phases_s"][p]["p50"]) for p in PHASES),
             f"{la['draft_tokens_per_step']:.1f}",
             f"{la['tokens_per_request_step']:.2f}",
-            *(f"{_ms(c[a]['step_s']['p50'])} / {_ms(c[a]['step_s']['p99'])}" if a in c else "-" for a in anchors),
+            *(_spread(c[a]["step_s"]) if a in c else "-" for a in anchors),
         ]
         lines.append("| " + " | ".join(row) + " |")
     for name, why in result["skipped"].items():
@@ -164,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--anchors", nargs="*", default=list(ANCHORS), choices=ANCHORS)
     p.add_argument("--config", default="{}", help="lookahead's --speculative-config keys (JSON)")
     p.add_argument("--cost", default="h100", help="the draft rule's forward: h100, a100 (rooflines), cpu, or a file")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=MAX_NUM_BATCHED_TOKENS,
+        help="tokens per step: new prompts are computed in chunks within it (vLLM's default on an H100)",
+    )
     p.add_argument("--recording", type=Path, default=RECORDING)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

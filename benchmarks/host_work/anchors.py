@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.host_work.served import ServedBatch, accepted_chain
+from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS, ServedBatch, accepted_chain
 from benchmarks.host_work.streams import Stream
 from benchmarks.methods import NGRAM_DEFAULTS
 
@@ -33,9 +33,16 @@ def missing(name: str) -> str | None:
 class AnchorReplay:
     """``batch`` requests over ``streams`` drafted by vLLM's ``name`` proposer."""
 
-    def __init__(self, name: str, streams: list[Stream], batch: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        streams: list[Stream],
+        batch: int,
+        max_model_len: int,
+        max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    ) -> None:
         self.name, self.batch = name, batch
-        self.served = ServedBatch(streams, batch, max_model_len)
+        self.served = ServedBatch(streams, batch, max_model_len, max_num_batched_tokens=max_num_batched_tokens)
         spec = SimpleNamespace(
             num_speculative_tokens=NGRAM_DEFAULTS["num_speculative_tokens"],
             prompt_lookup_min=NGRAM_DEFAULTS["prompt_lookup_min"],
@@ -87,9 +94,10 @@ class AnchorReplay:
         served = self.served
         outputs = []
         drafted = 0
+        served.schedule(self._drafts)
         for slot, draft in zip(served.slots, self._drafts):
             if slot.prefill:
-                outputs.append([slot.stream.output[0]])
+                outputs.append([slot.stream.output[0]] if slot.emits else [])
             else:
                 drafted += len(draft)
                 outputs.append(accepted_chain(draft, slot.stream.output, slot.emitted))

@@ -2,7 +2,8 @@
 
 The engine's own :class:`~vllm_lookahead.engine.runner.RunnerLookahead` runs every hook a decode
 step calls, in the engine's order, over ``batch`` requests served continuously (a request that
-ends is replaced by the next stream, whose first step is its prefill):
+ends is replaced by the next stream, whose prompt is computed in chunks within vLLM's token budget,
+:mod:`.served`):
 
 ``update``     :meth:`~RunnerLookahead.on_update_states` (finished requests forgotten)
 ``tree batch`` :meth:`~RunnerLookahead.on_prepare_inputs`: the step's trees laid out, RoPE
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.host_work.served import ServedBatch
+from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS, ServedBatch
 from benchmarks.host_work.streams import Stream
 
 PHASES = ("update", "tree batch", "attention", "verify", "propose", "report")
@@ -84,7 +85,15 @@ class _KV:
 class LookaheadReplay:
     """``batch`` requests in flight over ``streams`` (cycled), lookahead with the user's ``keys``."""
 
-    def __init__(self, streams: list[Stream], batch: int, keys: dict[str, Any], cost: Any, max_model_len: int):
+    def __init__(
+        self,
+        streams: list[Stream],
+        batch: int,
+        keys: dict[str, Any],
+        cost: Any,
+        max_model_len: int,
+        max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    ):
         from vllm import SamplingParams
 
         from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
@@ -128,7 +137,11 @@ class LookaheadReplay:
             generators={},
         )
         self.served = ServedBatch(
-            streams, batch, max_model_len, SamplingParams(temperature=0.0, max_tokens=max_model_len)
+            streams,
+            batch,
+            max_model_len,
+            SamplingParams(temperature=0.0, max_tokens=max_model_len),
+            max_num_batched_tokens,
         )
         self.runner.requests = self.served.requests
         self.runner.input_batch.req_ids = self.served.req_ids
@@ -143,9 +156,7 @@ class LookaheadReplay:
         runner, state, served = self.runner, self.state, self.served
         slots = served.slots
         decoding = sum(not s.prefill for s in slots)
-        scheduled = np.array(
-            [len(s.stream.prompt) if s.prefill else 1 + len(d) for s, d in zip(slots, self._drafts)], dtype=np.int32
-        )
+        scheduled = served.schedule(self._drafts)
         spec = {s.req_id: d for s, d in zip(slots, self._drafts) if d and not s.prefill}
         qsl = runner.query_start_loc.np
         qsl[0] = 0
@@ -156,7 +167,7 @@ class LookaheadReplay:
             table = runner.input_batch.block_table[0]
             table.slot_mapping.gpu = torch.arange(2 * total, dtype=torch.int64)
         runner.input_batch.num_computed_tokens_cpu[:] = [
-            0 if s.prefill else len(s.stream.prompt) + s.emitted - 1 for s in slots
+            s.computed if s.prefill else len(s.stream.prompt) + s.emitted - 1 for s in slots
         ]
         sched = SimpleNamespace(
             scheduled_spec_decode_tokens=spec,
@@ -199,6 +210,8 @@ class LookaheadReplay:
             state.report.verify_seconds += time.perf_counter() - t
         clock["verify"] = time.perf_counter() - t
 
+        # a prompt whose last chunk did not run emits nothing (vLLM discards its sample)
+        outputs = [o if s.emits else [] for s, o in zip(slots, outputs)]
         emitted = served.advance(outputs)
 
         t = time.perf_counter()

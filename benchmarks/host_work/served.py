@@ -1,9 +1,13 @@
 """Requests served continuously over recorded streams: the batch every host-work replay steps.
 
 ``batch`` slots, each holding one request; a request that has emitted its whole recorded output
-ends and the next stream takes its slot (its first step is its prefill).  The token history of
-every slot lives in one ``[batch, max_model_len]`` array, as in vLLM's input batch, which both
-lookahead's proposer and vLLM's ``ngram`` proposer read.
+ends and the next stream takes its slot.  Its prompt is computed in chunks within the step's token
+budget, as vLLM's scheduler does with chunked prefill: the decoding requests' tokens (one each,
+plus their drafts) come first, then the prefilling requests' chunks in slot order; the step that
+computes a prompt's last chunk emits its first token (the first step admits every prompt whole:
+the batch as it stands before measuring).  The token history of every slot lives in one
+``[batch, max_model_len]`` array, as in vLLM's input batch, which both lookahead's proposer and
+vLLM's ``ngram`` proposer read.
 """
 
 from __future__ import annotations
@@ -15,18 +19,37 @@ import numpy as np
 
 from benchmarks.host_work.streams import Stream
 
+# vLLM's max_num_batched_tokens for `vllm serve` on an H100 or H200 (engine/arg_utils.py)
+MAX_NUM_BATCHED_TOKENS = 8192
+
 
 @dataclass
 class Slot:
     stream: Stream
     req_id: str
     emitted: int = 0  # output tokens served so far
-    prefill: bool = True  # its next step is its prefill
+    prefill: bool = True  # its prompt is not computed yet (or its first token not emitted)
+    computed: int = 0  # prompt tokens computed
+    chunk: int = 0  # prompt tokens this step computes
+
+    @property
+    def emits(self) -> bool:
+        """Whether this step emits a token for it (it decodes, or its prompt's last chunk runs)."""
+        return not self.prefill or self.computed + self.chunk == len(self.stream.prompt)
 
 
 class ServedBatch:
-    def __init__(self, streams: list[Stream], batch: int, max_model_len: int, sampling_params: object = None) -> None:
+    def __init__(
+        self,
+        streams: list[Stream],
+        batch: int,
+        max_model_len: int,
+        sampling_params: object = None,
+        max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+    ) -> None:
         self.streams, self.max_model_len, self._params = streams, max_model_len, sampling_params
+        self.budget = max_num_batched_tokens
+        self._scheduled = False  # whether a step has been scheduled (the first admits every prompt whole)
         self.requests: dict[str, SimpleNamespace] = {}  # vLLM's per-request states, as the runner keeps them
         self.token_ids = np.zeros((batch, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(batch, dtype=np.int32)
@@ -51,6 +74,19 @@ class ServedBatch:
         self.num_tokens[i] = len(prompt)
         return slot
 
+    def schedule(self, drafts: list[list[int]]) -> np.ndarray:
+        """This step's tokens per slot: each decoding request's token and draft, then prompt chunks
+        in slot order within the token budget (see the module docstring)."""
+        scheduled = np.array([0 if s.prefill else 1 + len(d) for s, d in zip(self.slots, drafts)], dtype=np.int32)
+        left = self.budget - int(scheduled.sum()) if self._scheduled else 1 << 62
+        self._scheduled = True
+        for i, slot in enumerate(self.slots):
+            if slot.prefill:
+                slot.chunk = max(0, min(len(slot.stream.prompt) - slot.computed, left))
+                left -= slot.chunk
+                scheduled[i] = slot.chunk
+        return scheduled
+
     def next_tokens(self) -> list[int]:
         """Each request's next recorded token: what vLLM samples at its root (or after its prefill)."""
         return [s.stream.output[s.emitted] for s in self.slots]
@@ -67,12 +103,17 @@ class ServedBatch:
                 raise AssertionError(f"{slot.req_id}: emitted {tokens}, the recording says {want}")
             if not slot.prefill:
                 emitted += len(tokens)
+            elif not slot.emits:
+                if tokens:
+                    raise AssertionError(f"{slot.req_id}: emitted {tokens} before its prompt was computed")
+                slot.computed += slot.chunk
+                continue
             start = int(self.num_tokens[i])
             self.token_ids[i, start : start + len(tokens)] = tokens
             self.num_tokens[i] = start + len(tokens)
             self.requests[slot.req_id].output_token_ids.extend(tokens)
             slot.emitted += len(tokens)
-            slot.prefill = False
+            slot.computed, slot.prefill = len(slot.stream.prompt), False
             outputs[i] = tokens
         return emitted
 

@@ -37,11 +37,34 @@ def test_served_batch_replaces_ended_requests_with_the_next_streams():
     served = ServedBatch(_streams(), 2, 256)
     first = served.req_ids
     while served.slots[0].req_id == first[0]:
+        served.schedule([[], []])
         outputs = [[t] for t in served.next_tokens()]
         served.advance(outputs)
         served.replace_finished()
     assert first[0] in served.finished and served.slots[0].stream == _streams()[2]
     assert served.slots[0].prefill and served.num_tokens[0] == len(served.slots[0].stream.prompt)
+
+
+def test_prompts_are_computed_in_chunks_within_the_token_budget():
+    """After the first step (every prompt whole), the decoding requests' tokens and drafts come
+    first and new prompts share what is left, in chunks; a prompt emits its first token on the
+    step of its last chunk."""
+    streams = [Stream(tuple(range(100, 130)), tuple(range(5))), Stream(tuple(range(200, 240)), tuple(range(9)))]
+    served = ServedBatch(streams, 2, 256, max_num_batched_tokens=16)
+    assert list(served.schedule([[], []])) == [30, 40]  # the batch admitted whole before measuring
+    served.advance([[0], [0]])
+    assert list(served.schedule([[1, 2], []])) == [3, 1]  # 3 decode tokens, then 1 decode token
+    served.advance([[1, 2, 3], [1]])
+    while not served.replace_finished():  # request 0 (5 tokens) ends; the streams cycle: a 30-token prompt
+        served.schedule([[], []])
+        served.advance([[served.next_tokens()[0]], [served.next_tokens()[1]]])
+    chunks = []
+    while served.slots[0].prefill:
+        chunks.append(int(served.schedule([[], []])[0]))
+        first = served.slots[0].emits
+        tokens = [served.next_tokens()[0]] if first else []
+        served.advance([tokens, [served.next_tokens()[1]]])
+    assert chunks == [15, 15] and served.slots[0].emitted == 1  # 16 less request 1's decode token
 
 
 def test_long_contexts_put_a_distinct_history_before_each_prompt():

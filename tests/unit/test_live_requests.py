@@ -8,9 +8,13 @@ from types import SimpleNamespace
 from vllm_lookahead.engine.propose.live_requests import LiveRequests
 
 
+def _state(name: str, pool_ngrams: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(name=name, text=SimpleNamespace(pool_ngrams=pool_ngrams))
+
+
 def test_a_request_lives_from_its_first_state_until_it_is_forgotten():
     live = LiveRequests()
-    state, draft, outcome = SimpleNamespace(name="state"), SimpleNamespace(name="draft"), SimpleNamespace(name="out")
+    state, draft, outcome = _state("state"), SimpleNamespace(name="draft"), SimpleNamespace(name="out")
     assert len(live) == 0 and live.state("a") is None and live.draft("a") is None and live.take_outcome("a") is None
     live.add_state("a", state)
     live.set_draft("a", draft)
@@ -26,7 +30,7 @@ def test_a_request_lives_from_its_first_state_until_it_is_forgotten():
 def test_a_new_step_drops_outcomes_no_proposal_observed_and_preemption_voids_drafts():
     live = LiveRequests()
     for req_id in ("a", "b", "c"):
-        live.add_state(req_id, SimpleNamespace(name=req_id))
+        live.add_state(req_id, _state(req_id))
         live.set_draft(req_id, SimpleNamespace())
         live.set_outcome(req_id, SimpleNamespace())
     assert live.take_outcome("a") is not None
@@ -57,3 +61,32 @@ def test_a_request_offered_for_nothing_rests_longer_each_time_and_a_draft_ends_i
     live.offered("a", drafted=False, max_rest=8)
     live.set_outcome("a", SimpleNamespace())
     assert not live.resting("a")  # an outcome to observe is never skipped
+
+
+def test_the_pool_count_follows_the_requests_counted_again():
+    live = LiveRequests()
+    a, b = _state("a", 5), _state("b", 7)
+    live.add_state("a", a)
+    live.add_state("b", b)
+    assert live.pool_ngrams == 12
+    a.text.pool_ngrams = 9  # a learnt; b's pools changed too but are not counted again yet
+    b.text.pool_ngrams = 8
+    live.count_pools("a")
+    assert live.pool_ngrams == 16
+    live.forget(["b"])
+    assert live.pool_ngrams == 9
+    live.forget(["a"])
+    assert live.pool_ngrams == 0
+
+
+def test_requests_idle_together_wake_on_different_steps():
+    """Requests that go idle on the same proposals rest as long cut by their phase: a cohort
+    proposes again spread over half the rest, never all on one step."""
+    live = LiveRequests()
+    cohort = [f"r{i}" for i in range(64)]
+    for _ in range(8):  # idle long enough to reach the longest rest
+        for req_id in cohort:
+            live.offered(req_id, drafted=False, max_rest=32)
+    rests = [live._records[r].rest for r in cohort]
+    assert max(rests) == 32 and min(rests) >= 16 and len(set(rests)) >= 14
+    assert max(rests.count(r) for r in set(rests)) <= 8

@@ -207,3 +207,87 @@ def test_support_counts_how_often_a_first_token_followed_the_key():
     assert one.support(4, 1) == 3
     one.add((4, 2, 2))  # G = 2: the least recent continuation, (1, 2), falls out with its count
     assert one.support(4, 1) == 2 and one.support(4, 2) == 1
+
+
+def _observed(pool: NgramPool, op: tuple) -> object:
+    """What an operation on ``pool`` shows: a lookup's continuations and sources, a key's support
+    of a token, or (after adding text) the pool's size and key count."""
+    kind, arg, more = op
+    if kind == "get":
+        return pool.get_sourced(arg, 100)
+    if kind == "support":
+        return pool.support(arg, more)
+    pool.add_sequence(arg, start=more)
+    return len(pool), pool.num_keys
+
+
+_keys = st.lists(st.integers(0, 4), min_size=1, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 4), max_size=50),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("get"), _keys, st.just(0)),
+            st.tuples(st.just("support"), _keys, st.integers(0, 4)),
+            st.tuples(st.just("add"), st.lists(st.integers(0, 4), max_size=12), st.integers(0, 12)),
+        ),
+        max_size=25,
+    ),
+    ngram_size=st.integers(2, 4),
+    guess_set_size=st.integers(0, 4),
+    spare_keys=st.integers(0, 6),
+    context=st.integers(1, 4),  # 2-3 tokens: keys named by one int; 4: by their tuple
+    as_array=st.booleans(),
+)
+def test_seeded_pool_behaves_as_the_text_added_ngram_by_ngram(
+    prompt, ops, ngram_size, guess_set_size, spare_keys, context, as_array
+):
+    """``seed`` (the prompt indexed at once, each key stored on first touch) shows what
+    ``add_sequence`` of the prompt shows, through any mix of lookups, support queries and new
+    text -- sizes, key LRU evictions, sources and counts included -- for a prompt whose keys
+    all fit the pool."""
+    span = context + ngram_size - 1
+    max_keys = max(1, len({tuple(prompt[p : p + context]) for p in range(len(prompt) - span + 1)}) + spare_keys)
+    seeded = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    added = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    seeded.seed(np.array(prompt, dtype=np.int64) if as_array else prompt)
+    added.add_sequence(prompt, source=Source.PROMPT)
+    assert (len(seeded), seeded.num_keys) == (len(added), added.num_keys)
+    for op in ops:
+        assert _observed(seeded, op) == _observed(added, op)
+    assert snapshot(seeded, 5) == snapshot(added, 5)
+    for key in list(added._table):  # every key's continuations with their sources and counts
+        assert seeded.get_sourced(key, 100) == added.get_sourced(key, 100)
+        assert [seeded.support(key, t) for t in range(5)] == [added.support(key, t) for t in range(5)]
+
+
+def test_seed_fills_an_empty_pool_only():
+    pool = NgramPool(3, 2)
+    pool.add([1, 2, 3])
+    with pytest.raises(ValueError):
+        pool.seed([4, 5, 6])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 5), max_size=60),
+    ngram_size=st.integers(2, 4),
+    guess_set_size=st.integers(1, 4),
+    max_keys=st.integers(1, 6),
+    context=st.integers(1, 2),
+)
+def test_seeded_prompt_with_more_keys_than_the_pool(prompt, ngram_size, guess_set_size, max_keys, context):
+    """A prompt with more keys than ``max_keys``: the same keys are kept; a kept key that the
+    sequential adds evicted and re-added keeps its earlier continuations too (theirs are the
+    most recent of it)."""
+    seeded = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    added = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    seeded.seed(prompt)
+    added.add_sequence(prompt, source=Source.PROMPT)
+    assert seeded.num_keys == added.num_keys and len(seeded) >= len(added)
+    for key in list(added._table):
+        ours, theirs = seeded.get_sourced(key, 100), added.get_sourced(key, 100)
+        assert ours[: len(theirs)] == theirs
+    assert seeded.num_keys == added.num_keys

@@ -63,7 +63,7 @@ def test_each_verified_tree_prices_its_kind_and_leaves_the_forwards_clock(monkey
 
 def test_an_idle_request_may_rest_only_where_proposing_is_a_large_share_of_the_step():
     from vllm_lookahead.core.step_cost import StepCost
-    from vllm_lookahead.engine.propose.step_timing import REQUEST_MAX_REST
+    from vllm_lookahead.engine.propose.step_timing import REQUEST_MAX_REST, REQUEST_REST_LIMIT
 
     timing = StepTiming(LookaheadConfig())
     timing.cost = StepCost.linear(0.020, 0.0005)  # 20 ms + 0.5 ms a token
@@ -71,6 +71,9 @@ def test_an_idle_request_may_rest_only_where_proposing_is_a_large_share_of_the_s
     timing.proposed_for(0.0016, 16)  # 0.1 ms a request: 1.6 ms at 16 in flight, 5.8 % of 28 ms
     assert timing.request_rest(16) == REQUEST_MAX_REST
     assert timing.request_rest(1) == 0  # 0.1 ms of a 20.5 ms step: 0.5 %
+    assert timing.request_rest(400) == 10  # 40 ms for a 220 ms step: 18 %; resting 10 of 11 proposals, 1.6 %
+    timing.proposed_for(0.096, 16)  # proposing now costs more than the forward: the longest rest
+    assert timing.request_rest(400) == REQUEST_REST_LIMIT
     timing.frozen = True  # tensor parallel: every rank must plan alike
     assert timing.request_rest(16) == 0
     capped = StepTiming(LookaheadConfig(max_tokens_per_step=0))  # full trees: no draft rule, no rests

@@ -32,10 +32,33 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .prompt_ngrams import PromptNgrams
 from .source import Source
 
 if TYPE_CHECKING:
     from vllm_lookahead.config import LookaheadConfig
+
+
+# A key's continuations: a tuple of (continuation, entry) pairs, least recent first, where the entry
+# is one int -- the continuation's Source in the low bits, the times it was added above them.  Tuples
+# of ints, replaced whole on a change (at most G pairs), are what the garbage collector stops
+# tracking: the pools of a thousand requests then add next to nothing to its scans.
+_COUNT_SHIFT = 3
+_SOURCE = (1 << _COUNT_SHIFT) - 1
+_ONCE = 1 << _COUNT_SHIFT
+assert max(Source) <= _SOURCE
+Held = tuple[tuple[tuple[int, ...], int], ...]
+
+
+def _added(held: Held, value: tuple[int, ...], source: int, limit: int) -> Held:
+    """One key's continuations with ``value`` added as the most recent (its entry counted once more,
+    its source the lowest seen), at most ``limit`` kept."""
+    for i, (stored, entry) in enumerate(held):
+        if stored == value:
+            return (*held[:i], *held[i + 1 :], (value, min(entry & _SOURCE, source) | ((entry & ~_SOURCE) + _ONCE)))
+    if len(held) < limit:
+        return (*held, (value, source | _ONCE))
+    return (*held[1:], (value, source | _ONCE))
 
 
 def int_list(tokens: Sequence[int]) -> list[int]:
@@ -57,9 +80,11 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        # key -> continuation -> [Source (int), times added], least recent first
-        self._table: OrderedDict[object, OrderedDict[tuple[int, ...], list[int]]] = OrderedDict()
+        # key -> its continuations, least recent first (Held)
+        self._table: OrderedDict[object, Held] = OrderedDict()
         self._count = 0
+        self._prompt: PromptNgrams | None = None  # a seeded text's keys not yet in the table (seed)
+        self._prompt_source = int(Source.PROMPT)
 
     def _key(self, tokens: Sequence[int]) -> object:
         return int(tokens[0]) if self.context == 1 else tuple(map(int, tokens))
@@ -78,27 +103,58 @@ class NgramPool:
 
     def _store(self, key: object, value: tuple[int, ...], source: int) -> None:
         """:meth:`add` for an already normalised key and continuation."""
-        values = self._table.get(key)
-        if values is None:
-            if len(self._table) >= self.max_keys:
-                _, evicted = self._table.popitem(last=False)
-                self._count -= len(evicted)
-            values = OrderedDict()
-            self._table[key] = values
+        table = self._table
+        held = table.get(key)
+        if held is None:
+            held = self._new_key(key)
         else:
-            self._table.move_to_end(key)
-        entry = values.get(value)
-        if entry is not None:
-            if source < entry[0]:
-                entry[0] = source
-            entry[1] += 1
-            values.move_to_end(value)
+            table.move_to_end(key)
+        table[key] = added = _added(held, value, source, self.guess_set_size)
+        self._count += len(added) - len(held)
+
+    def _new_key(self, key: object) -> Held:
+        """The continuations of a key not in the table, put in as the most recent key: the
+        seeded text's (:meth:`seed`) if it said the key, else none yet -- a new key, for which
+        the least recent key leaves a full pool."""
+        prompt = self._prompt
+        said = prompt.take(key) if prompt is not None else None
+        if said is None:
+            if len(self._table) + (len(prompt) if prompt is not None else 0) >= self.max_keys:
+                self._evict()
+            held: Held = ()
+        else:
+            held = self._replay(said)
+            self._count += len(held)
+        self._table[key] = held
+        return held
+
+    def _replay(self, said: list[tuple[int, ...]]) -> Held:
+        """One key's continuations after the seeded text's, in the order it said them."""
+        held: Held = ()
+        source, limit = self._prompt_source, self.guess_set_size
+        for value in said:
+            held = _added(held, value, source, limit)
+        return held
+
+    def _evict(self) -> None:
+        """The least recent key leaves: a seeded key never touched (older than every key in the
+        table), else the table's first."""
+        if self._prompt is not None and len(self._prompt):
+            self._prompt.evict_oldest()
+        else:
+            _, evicted = self._table.popitem(last=False)
+            self._count -= len(evicted)
+
+    def seed(self, tokens: Sequence[int], source: Source = Source.PROMPT) -> None:
+        """:meth:`add_sequence` of a whole text into an empty pool, in O(text) numpy work: each
+        key's n-grams are stored when the pool first touches the key
+        (:class:`~.prompt_ngrams.PromptNgrams`), exactly as adding them one by one would have."""
+        if self._table or self._prompt is not None:
+            raise ValueError("seed() fills an empty pool")
+        if self.guess_set_size == 0:
             return
-        values[value] = [source, 1]
-        self._count += 1
-        if len(values) > self.guess_set_size:
-            values.popitem(last=False)
-            self._count -= 1
+        self._prompt = PromptNgrams(tokens, self.context, self.span, self.guess_set_size, self.max_keys)
+        self._prompt_source = int(source)
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
@@ -129,25 +185,28 @@ class NgramPool:
         if limit <= 0:
             return []
         k = self._lookup_key(key)
-        values = self._table.get(k) if k is not None else None
-        if values is None:
+        if k is None:
             return []
-        self._table.move_to_end(k)
-        result: list[tuple[tuple[int, ...], int]] = []
-        for value, (source, _) in reversed(values.items()):
-            if len(result) >= limit:
-                break
-            result.append((value, source))
-        return result
+        held = self._table.get(k)
+        if held is None:
+            if self._prompt is None or k not in self._prompt:
+                return []
+            held = self._new_key(k)
+        else:
+            self._table.move_to_end(k)
+        return [(value, entry & _SOURCE) for value, entry in held[: -limit - 1 : -1]]
 
     def support(self, key: int | Sequence[int], first: int) -> int:
         """How many times n-grams stored under ``key`` that begin with ``first`` were added
         (the evidence that ``first`` follows ``key``; 0 if none).  Does not touch the LRU order."""
         k = self._lookup_key(key)
-        values = self._table.get(k) if k is not None else None
-        if values is None:
-            return 0
-        return sum(count for value, (_, count) in values.items() if value[0] == first)
+        held = self._table.get(k) if k is not None else None
+        if held is None:  # a seeded key not touched yet: read, left for its first touch
+            said = self._prompt.peek(k) if self._prompt is not None and k is not None else None
+            if said is None:
+                return 0
+            held = self._replay(said)
+        return sum(entry >> _COUNT_SHIFT for value, entry in held if value[0] == first)
 
     def _lookup_key(self, key: int | Sequence[int]) -> object | None:
         """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence)."""
@@ -158,11 +217,11 @@ class NgramPool:
         return self._key(key[len(key) - self.context :])
 
     def __len__(self) -> int:
-        return self._count
+        return self._count + (self._prompt.num_ngrams if self._prompt is not None else 0)
 
     @property
     def num_keys(self) -> int:
-        return len(self._table)
+        return len(self._table) + (len(self._prompt) if self._prompt is not None else 0)
 
 
 class SharedPools:

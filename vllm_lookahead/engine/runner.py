@@ -298,6 +298,7 @@ class RunnerLookahead:
             state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
         else:
             state.catch_up(history)
+        self.live.count_pools(req_id)
         return state
 
     def _draft_request(
@@ -380,7 +381,7 @@ class RunnerLookahead:
         """This step's :class:`StepReport` as plain data for the scheduler, and a fresh one."""
         report, self.report = self.report, StepReport()
         self.stats.add_time(report.propose_seconds, report.verify_seconds)  # counted once, in the report
-        report.pool_ngrams = sum(state.text.pool_ngrams for state in self.live.states())
+        report.pool_ngrams = self.live.pool_ngrams
         if self.shared is not None:
             report.pool_ngrams += self.shared.num_ngrams
         report.request_states = self.num_request_states

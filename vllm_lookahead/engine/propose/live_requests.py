@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from vllm_lookahead.engine.step.verification import StepOutcome
 
 
+_GOLDEN = 0.6180339887498949  # the golden ratio's fraction: its multiples mod 1 spread evenly
+
+
 @dataclass
 class LiveRequest:
     """What the worker keeps for one request (see the module docstring)."""
@@ -38,6 +41,8 @@ class LiveRequest:
     outcome: StepOutcome | None = None
     idle: int = 0  # proposals running that offered it to the draft rule and drafted nothing
     rest: int = 0  # proposals it still skips
+    pool_ngrams: int = 0  # n-grams its pools held when last counted (:meth:`LiveRequests.count_pools`)
+    phase: float = 0.0  # in [0, 1): how much of its longest rest it cuts (spreads requests that rest alike)
 
 
 class LiveRequests:
@@ -46,10 +51,19 @@ class LiveRequests:
     def __init__(self) -> None:
         self._records: dict[str, LiveRequest] = {}
         self._verified: list[str] = []  # requests given an outcome since the step began
+        self.pool_ngrams = 0  # n-grams the live requests' pools hold, as last counted
+        self._phase = 0.0  # the next record's phase: golden-ratio steps spread any run of records over [0, 1)
 
     def __len__(self) -> int:
         """Requests the worker keeps anything for (finished ones are forgotten)."""
         return len(self._records)
+
+    def _record(self, req_id: str) -> LiveRequest:
+        record = self._records.get(req_id)
+        if record is None:
+            record = self._records[req_id] = LiveRequest(phase=self._phase)
+            self._phase = (self._phase + _GOLDEN) % 1.0
+        return record
 
     def state(self, req_id: str) -> RequestLookahead | None:
         record = self._records.get(req_id)
@@ -64,14 +78,23 @@ class LiveRequests:
         return record.draft if record is not None else None
 
     def add_state(self, req_id: str, state: RequestLookahead) -> RequestLookahead:
-        self._records.setdefault(req_id, LiveRequest()).state = state
+        self._record(req_id).state = state
+        self.count_pools(req_id)
         return state
 
+    def count_pools(self, req_id: str) -> None:
+        """Count the request's pools again (after they learnt): :attr:`pool_ngrams` follows the
+        requests whose pools changed, never a sum over every request."""
+        record = self._records[req_id]
+        held = record.state.text.pool_ngrams if record.state is not None else 0
+        self.pool_ngrams += held - record.pool_ngrams
+        record.pool_ngrams = held
+
     def set_draft(self, req_id: str, draft: StepDraft) -> None:
-        self._records.setdefault(req_id, LiveRequest()).draft = draft
+        self._record(req_id).draft = draft
 
     def set_outcome(self, req_id: str, outcome: StepOutcome) -> None:
-        self._records.setdefault(req_id, LiveRequest()).outcome = outcome
+        self._record(req_id).outcome = outcome
         self._verified.append(req_id)
 
     def take_outcome(self, req_id: str) -> StepOutcome | None:
@@ -95,10 +118,14 @@ class LiveRequests:
     def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
         """The request was offered to the draft rule and ``drafted`` or not: after two proposals
         running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
-        rest), and a draft ends its idleness."""
-        record = self._records.setdefault(req_id, LiveRequest())
+        rest), and a draft ends its idleness.  Each rest is cut by a share of up to half that
+        differs between requests (their phase), so that requests that went idle together (a
+        burst admitted at once, a batch where nothing pays) do not all propose again on the same
+        step."""
+        record = self._record(req_id)
         record.idle = 0 if drafted else record.idle + 1
-        record.rest = min(max_rest, 1 << (record.idle - 2)) if record.idle >= 2 else 0
+        rest = min(max_rest, 1 << (record.idle - 2)) if record.idle >= 2 else 0
+        record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
 
     def new_step(self) -> None:
         """A step begins: outcomes of the last one that no proposal observed are dropped."""
@@ -120,4 +147,6 @@ class LiveRequests:
     def forget(self, req_ids: Iterable[str]) -> None:
         """Finished or aborted requests: everything kept for them goes."""
         for req_id in req_ids:
-            self._records.pop(req_id, None)
+            record = self._records.pop(req_id, None)
+            if record is not None:
+                self.pool_ngrams -= record.pool_ngrams

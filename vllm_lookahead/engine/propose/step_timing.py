@@ -17,7 +17,8 @@ to the draft rule as each drafting request's own fixed price (:meth:`StepTiming.
 
 Idle requests: where proposing costs at least ``REST_MIN_SHARE`` of the bare forward, a request
 offered to the rule for nothing on two proposals running skips the next 1, 2, 4 ... up to
-``REQUEST_MAX_REST`` proposals (:meth:`StepTiming.request_rest`; the other requests propose as usual).
+``REQUEST_MAX_REST`` proposals, or more where proposing costs more (:meth:`StepTiming.request_rest`;
+the other requests propose as usual).
 
 Clocks, in the order :class:`~vllm_lookahead.engine.runner.RunnerLookahead`'s hooks run them:
 :meth:`StepTiming.step_started` (``_prepare_inputs``) -> :meth:`StepTiming.tree_rows` ->
@@ -27,6 +28,7 @@ Clocks, in the order :class:`~vllm_lookahead.engine.runner.RunnerLookahead`'s ho
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -45,7 +47,8 @@ PROPOSAL_DECAY = 0.95  # weight of the past per proposing step in the proposal p
 # on the 2-core CPU: 1-1.5 % of the step) there is little to save.
 REST_MIN_SHARE = 0.02
 VERIFY_DECAY = 0.95  # weight of the past per verified tree in the verification price
-REQUEST_MAX_REST = 8  # proposals: the longest rest of one idle request
+REQUEST_MAX_REST = 8  # proposals: an idle request's longest rest where proposing is a few % of the forward
+REQUEST_REST_LIMIT = 128  # proposals: its longest rest anywhere
 
 
 class StepTiming:
@@ -130,18 +133,22 @@ class StepTiming:
         self._proposal_cost.add(seconds, requests)
 
     def request_rest(self, decoding: int) -> int:
-        """The longest rest an idle request may take at ``decoding`` requests in flight:
-        :data:`REQUEST_MAX_REST` proposals where proposing for every request costs at least
-        ``REST_MIN_SHARE`` of the bare forward -- at 16-32 in flight on the 2-core CPU 3-4 % --
-        else 0, as where proposing is cheap (batch 1: ~1 %) a rest saves little and may miss a
-        draft that would have paid.  0 outside the draft rule, before anything is measured, and
-        under tensor parallelism (no rank may decide from its own timings)."""
+        """The longest rest an idle request may take at ``decoding`` requests in flight: none where
+        proposing for every request costs less than ``REST_MIN_SHARE`` of the bare forward (batch
+        1 on the 2-core CPU: ~1 %; a rest saves little there and may miss a draft that would have
+        paid); else :data:`REQUEST_MAX_REST` proposals, or as many as bring the proposals of
+        requests at their longest rest (one in ``rest + 1`` steps) down to about
+        ``REST_MIN_SHARE`` of the forward, up to :data:`REQUEST_REST_LIMIT` -- at hundreds of
+        requests on a GPU, where proposing for all of them would cost several forwards.  0
+        outside the draft rule, before anything is measured, and under tensor parallelism (no rank
+        may decide from its own timings)."""
         per_request = self._proposal_cost.ratio
         if not self.measuring or self.frozen or per_request is None or decoding <= 0:
             return 0
-        if per_request * decoding < REST_MIN_SHARE * self.model().forward(decoding):
+        share = per_request * decoding / self.model().forward(decoding)
+        if share < REST_MIN_SHARE:
             return 0
-        return REQUEST_MAX_REST
+        return min(REQUEST_REST_LIMIT, max(REQUEST_MAX_REST, math.ceil(share / REST_MIN_SHARE)))
 
     def any_draft_pays(self, decoding: int) -> bool:
         """Whether even a certain draft token would raise the batch's tokens/s (the draft rule's

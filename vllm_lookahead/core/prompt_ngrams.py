@@ -1,0 +1,136 @@
+"""A prompt's n-grams for one pool, indexed at once and stored key by key on first use.
+
+Seeding a pool with a prompt one n-gram at a time costs O(prompt) Python work in the step that
+admits the request: ~300 ms for an 8k-token prompt across a request's three text pools, on the
+critical path of every request in the batch.  :class:`PromptNgrams` instead sorts the prompt's
+n-grams by key with numpy (a few milliseconds for 8k tokens) and hands a key's continuations
+to the pool the first time the pool touches that key (a lookup or a new n-gram under it): the
+key's occurrences are replayed in order through the pool's own per-key update, so a touched key
+holds exactly what adding the prompt n-gram by n-gram would have stored (values, their LRU
+order, sources and counts), and keys not yet touched leave a full pool first, least recently
+said first (any key the pool touched since is more recent), so the pool's key LRU stays the
+sequential one.  A prompt with more distinct keys than the pool's ``max_keys`` (65,536 by
+default) keeps the ``max_keys`` keys said last, as the sequential adds would; one difference
+there: a kept key that the sequential adds evicted mid-prompt and stored again keeps its
+continuations from before the eviction too (after the later ones).  Untouched keys cost
+nothing per step; the pool's size counts them (:attr:`PromptNgrams.num_ngrams`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+_NAME_BITS = 21
+
+
+def _words(columns: np.ndarray, bits: int) -> list[np.ndarray]:
+    """The columns of ``columns`` (P, k) packed ``64 // bits`` tokens to a uint64 word, first
+    column lowest: rows compare equal exactly when their words do."""
+    per = 64 // bits
+    words = []
+    for j in range(0, columns.shape[1], per):
+        word = np.zeros(len(columns), dtype=np.uint64)
+        for i, column in enumerate(columns[:, j : j + per].T):
+            word |= column.astype(np.uint64) << np.uint64(bits * i)
+        words.append(word)
+    return words
+
+
+def _changes(words: list[np.ndarray], order: np.ndarray) -> np.ndarray:
+    """Where rows taken in ``order`` differ from the row before (the first row always)."""
+    changed = np.ones(len(order), dtype=bool)
+    changed[1:] = False
+    for word in words:
+        w = word[order]
+        changed[1:] |= w[1:] != w[:-1]
+    return changed
+
+
+class PromptNgrams:
+    """The n-grams ``tokens[p : p + context + N - 1]`` of a prompt, by key (see the module docstring)."""
+
+    def __init__(self, tokens: Sequence[int], context: int, span: int, guess_set_size: int, max_keys: int) -> None:
+        seq = np.asarray(tokens, dtype=np.int64)
+        self._rows: dict[object, int] = {}  # key name (_name) -> its row in _starts (keys not yet taken)
+        # a key of 2 or 3 tokens is named by one int, its tokens 21 bits apart (any vocabulary
+        # under 2M tokens): made in numpy for a whole prompt, where tuples cost ~1 us each
+        self._packed = 1 < context <= 3 and (len(seq) == 0 or int(seq.max()) < 1 << _NAME_BITS)
+        self._by_age: Iterator[object] = iter(())
+        self.num_ngrams = 0  # continuations the pool would hold for the keys not yet taken
+        if len(seq) < span or guess_set_size == 0:
+            return
+        bits = max(1, int(seq.max()).bit_length())
+        windows = sliding_window_view(seq, span)  # (P, span): n-gram p starts at token p
+        keys = _words(windows[:, :context], bits)
+        values = _words(windows[:, context:], bits)
+        # n-grams by key, then by position: a key's occurrences in the order they were said
+        order = (
+            np.argsort(keys[0], kind="stable") if len(keys) == 1 else np.lexsort((np.arange(len(windows)), *keys[::-1]))
+        )
+        starts = np.flatnonzero(_changes(keys, order))
+        last_seen = order[np.append(starts[1:], len(order)) - 1]  # each key's last occurrence
+        keep = np.argsort(last_seen, kind="stable")[-max_keys:]  # the keys an LRU of max_keys keeps
+        # distinct continuations per key: what the pool holds for it, at most G
+        by_value = np.lexsort((*values[::-1], *keys[::-1]))
+        key_of_pair = np.cumsum(_changes(keys, by_value)) - 1
+        pairs = _changes(keys + values, by_value)
+        held = np.minimum(np.bincount(key_of_pair[pairs], minlength=len(starts)), guess_set_size)
+        self.num_ngrams = int(held[keep].sum())
+        first = order[starts[keep]]  # an occurrence of each kept key, least recently said first
+        if self._packed:
+            names = _words(windows[first, :context], _NAME_BITS)[0].tolist()
+        elif context == 1:
+            names = windows[first, 0].tolist()
+        else:
+            names = list(map(tuple, windows[first, :context].tolist()))
+        self._rows = dict(zip(names, keep.tolist()))
+        self._by_age = iter(names)  # the order an LRU evicts them in
+        self._held = held.tolist()
+        self._starts = np.append(starts, len(order))
+        self._order = order
+        self._values = windows[:, context:]
+
+    def _name(self, key: object) -> object:
+        """A pool key's name here (None: a key the prompt cannot have said)."""
+        if not self._packed:
+            return key
+        a, b, *c = key  # type: ignore[misc]
+        name = a | b << _NAME_BITS | (c[0] << 2 * _NAME_BITS if c else 0)
+        return None if (a | b | name >> 2 * _NAME_BITS) >> _NAME_BITS else name
+
+    def __len__(self) -> int:
+        """Keys not yet taken."""
+        return len(self._rows)
+
+    def __contains__(self, key: object) -> bool:
+        return self._name(key) in self._rows
+
+    def peek(self, key: object) -> list[tuple[int, ...]] | None:
+        """The continuations said after ``key``, in prompt order (None: none, or taken before)."""
+        return self._said(self._rows.get(self._name(key)))
+
+    def take(self, key: object) -> list[tuple[int, ...]] | None:
+        """:meth:`peek`, the key forgotten here (the pool holds it from now on)."""
+        row = self._rows.pop(self._name(key), None)
+        if row is not None:
+            self.num_ngrams -= self._held[row]
+        return self._said(row)
+
+    def _said(self, row: int | None) -> list[tuple[int, ...]] | None:
+        if row is None:
+            return None
+        occurrences = self._order[self._starts[row] : self._starts[row + 1]]
+        return list(map(tuple, self._values[occurrences].tolist()))
+
+    def evict_oldest(self) -> None:
+        """Forget the key said least recently of those not taken (a full pool's LRU victim: every
+        key the pool touched since is more recent)."""
+        for name in self._by_age:
+            row = self._rows.pop(name, None)
+            if row is not None:
+                self.num_ngrams -= self._held[row]
+                return
+        raise LookupError("no key left")
