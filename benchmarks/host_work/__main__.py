@@ -28,6 +28,7 @@ from benchmarks.host_work.streams import RECORDING, recorded_streams, with_conte
 
 BATCH_SIZES = (1, 8, 32, 128, 256, 1024)
 CONTEXTS = (0, 8192)
+TEMPERATURES = (0.0, 0.7)
 
 
 @contextmanager
@@ -49,6 +50,49 @@ def _stats(values: list[float] | np.ndarray) -> dict[str, float]:
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
 
 
+def _lookahead_cell(
+    args: argparse.Namespace, served: list, batch: int, temperature: float, cost: object, max_model_len: int
+) -> dict:
+    replay = LookaheadReplay(
+        served, batch, json.loads(args.config), cost, max_model_len, args.max_num_batched_tokens, temperature
+    )
+    times = StepTimes()
+    with engine_heap():
+        for _ in range(args.warmup):
+            replay.step(None)
+        for _ in range(args.steps):
+            replay.step(times)
+    total = times.totals()
+    return {
+        "step_s": _stats(total),
+        "request_s": _stats(total / np.maximum(1, times.decoding)),
+        "phases_s": {p: _stats(times.seconds[p]) for p in PHASES},
+        "draft_tokens_per_step": float(np.mean(times.draft_tokens)),
+        "tokens_per_request_step": sum(times.emitted) / max(1, sum(times.decoding)),
+    }
+
+
+def _anchor_cells(args: argparse.Namespace, served: list, batch: int, max_model_len: int, cell: dict) -> None:
+    for name in args.anchors:
+        if missing(name):
+            continue
+        anchor = AnchorReplay(name, served, batch, max_model_len, args.max_num_batched_tokens)
+        seconds: list[float] = []
+        drafted = emitted = 0
+        with engine_heap():
+            for _ in range(args.warmup):
+                anchor.step(None)
+            for _ in range(args.steps):
+                d, e = anchor.step(seconds)
+                drafted, emitted = drafted + d, emitted + e
+        cell[name] = {
+            "step_s": _stats(seconds),
+            "request_s": _stats(np.asarray(seconds) / batch),
+            "draft_tokens_per_step": drafted / args.steps,
+            "tokens_per_request_step": emitted / max(1, args.steps * batch),
+        }
+
+
 def run(args: argparse.Namespace) -> dict:
     from benchmarks.replay import replay_cost
     from benchmarks.suite import environment
@@ -61,47 +105,13 @@ def run(args: argparse.Namespace) -> dict:
         served = with_context(streams, context)
         max_model_len = max(len(s.prompt) + len(s.output) for s in served) + 8
         for batch in args.batch_sizes:
-            cell: dict = {"context": context, "batch": batch}
-            replay = LookaheadReplay(
-                served, batch, json.loads(args.config), cost, max_model_len, args.max_num_batched_tokens
-            )
-            times = StepTimes()
-            with engine_heap():
-                for _ in range(args.warmup):
-                    replay.step(None)
-                for _ in range(args.steps):
-                    replay.step(times)
-            del replay
-            total = times.totals()
-            decoding = max(1, sum(times.decoding))
-            cell["lookahead"] = {
-                "step_s": _stats(total),
-                "request_s": _stats(total / np.maximum(1, times.decoding)),
-                "phases_s": {p: _stats(times.seconds[p]) for p in PHASES},
-                "draft_tokens_per_step": float(np.mean(times.draft_tokens)),
-                "tokens_per_request_step": sum(times.emitted) / decoding,
-            }
-            for name in args.anchors:
-                if missing(name):
-                    continue
-                anchor = AnchorReplay(name, served, batch, max_model_len, args.max_num_batched_tokens)
-                seconds: list[float] = []
-                drafted = emitted = 0
-                with engine_heap():
-                    for _ in range(args.warmup):
-                        anchor.step(None)
-                    for _ in range(args.steps):
-                        d, e = anchor.step(seconds)
-                        drafted, emitted = drafted + d, emitted + e
-                del anchor
-                cell[name] = {
-                    "step_s": _stats(seconds),
-                    "request_s": _stats(np.asarray(seconds) / batch),
-                    "draft_tokens_per_step": drafted / args.steps,
-                    "tokens_per_request_step": emitted / max(1, args.steps * batch),
-                }
-            print(_line(cell), flush=True)
-            cells.append(cell)
+            for temperature in args.temperatures:
+                cell = {"context": context, "batch": batch, "temperature": temperature}
+                cell["lookahead"] = _lookahead_cell(args, served, batch, temperature, cost, max_model_len)
+                if temperature == 0:  # vLLM's proposers: the same host work whatever the temperature
+                    _anchor_cells(args, served, batch, max_model_len, cell)
+                print(_line(cell), flush=True)
+                cells.append(cell)
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{env.get('cpu', env['machine'])}, {_cores()} cores",
@@ -129,8 +139,9 @@ def _ms(seconds: float) -> str:
 
 def _line(cell: dict) -> str:
     la = cell["lookahead"]
+    where = f"context {cell['context']:>5} batch {cell['batch']:>4} T={cell.get('temperature', 0):g}"
     parts = [
-        f"context {cell['context']:>5} batch {cell['batch']:>4}: lookahead {_ms(la['step_s']['p50'])} ms/step p50 "
+        f"{where}: lookahead {_ms(la['step_s']['p50'])} ms/step p50 "
         f"({_ms(la['step_s']['p99'])} p99), {1e6 * la['request_s']['p50']:.1f} us/request"
     ]
     for name in ANCHORS:
@@ -149,7 +160,8 @@ def markdown(result: dict) -> str:
         f"# Host work per decode step ({result['date']})",
         "",
         f"Machine: {result['machine']}.  Command: `{result['command']}`.  "
-        f"Streams: greedy completions of `{Path(result['recording']).parent.name}`; "
+        f"Streams: greedy completions of `{Path(result['recording']).parent.name}` (T > 0: sampled from a "
+        "model peaked at them, `benchmarks/host_work/sampled_model.py`); "
         f"draft rule priced with the `{result['cost']}` forward; {result['steps']} measured steps per cell; "
         f"new prompts computed in chunks of a {result.get('max_num_batched_tokens', '-')}-token step budget.",
         "",
@@ -160,20 +172,32 @@ def markdown(result: dict) -> str:
             if anchors
             else ""
         )
-        + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen.",
+        + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen.  "
+        "vLLM's proposers are run greedy only: their host work does not depend on the temperature.",
         "",
-        "| context | batch | lookahead ms/step | us/request | "
-        + " | ".join(PHASES)
-        + " | draft tokens/step | tokens/request-step | "
-        + " | ".join(f"{a} ms/step" for a in anchors)
+        "| "
+        + " | ".join(
+            [
+                "context",
+                "batch",
+                "T",
+                "lookahead ms/step",
+                "us/request",
+                *PHASES,
+                "draft tokens/step",
+                "tokens/request-step",
+                *(f"{a} ms/step" for a in anchors),
+            ]
+        )
         + " |",
-        "|" + "---|" * (5 + len(PHASES) + 1 + len(anchors)),
+        "|" + "---|" * (7 + len(PHASES) + len(anchors)),
     ]
     for c in result["cells"]:
         la = c["lookahead"]
         row = [
             str(c["context"]),
             str(c["batch"]),
+            f"{c.get('temperature', 0):g}",
             _spread(la["step_s"]),
             f"{1e6 * la['request_s']['p50']:.1f}",
             *(_ms(la["phases_s"][p]["p50"]) for p in PHASES),
@@ -194,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.host_work", description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS), help="history tokens before each prompt")
+    p.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=list(TEMPERATURES),
+        help="0: greedy (the recording's tokens); > 0: sampled from a model peaked at them",
+    )
     p.add_argument("--steps", type=int, default=200, help="measured steps per cell")
     p.add_argument("--warmup", type=int, default=50, help="steps before measuring (the batch fills, pools warm)")
     p.add_argument("--anchors", nargs="*", default=list(ANCHORS), choices=ANCHORS)

@@ -20,11 +20,14 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
 ``report``     :meth:`~RunnerLookahead.take_report`: the step's report for the scheduler
 
 What the device does is not here: the forward, each tree node's argmax and vLLM's sample at the
-roots (the replay reads them off the recording: greedy output does not depend on the drafts), the
-KV copies themselves.  Every emitted token is checked against the recording, so a replay that
-ran is an exact one.  The draft rule prices trees with a GPU's forward-cost model (``cost``), not
-refined by the replay (no forward runs); its verification price and idle rests learn from the
-replay's own host time, as on a server.
+roots (greedy: read off the recording, as greedy output does not depend on the drafts), the KV
+copies themselves.  Greedy, every emitted token is checked against the recording, so a replay that
+ran is an exact one.  Sampled (``temperature`` > 0), the rows come from a model peaked at the
+recording (:mod:`.sampled_model`), vLLM's sample at the roots is drawn from them, and the walks of
+verification run on them with the noise vLLM's GPU sampler draws (``exponential``), on CPU tensors.
+The draft rule prices trees with a GPU's forward-cost model (``cost``), not refined by the replay
+(no forward runs); its verification price and idle rests learn from the replay's own host time, as
+on a server.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.host_work.sampled_model import PeakedModel, compact
 from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS, ServedBatch
 from benchmarks.host_work.streams import Stream
 
@@ -93,12 +97,18 @@ class LookaheadReplay:
         cost: Any,
         max_model_len: int,
         max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+        temperature: float = 0.0,
     ):
         from vllm import SamplingParams
 
         from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
         from vllm_lookahead.engine.runner import RunnerLookahead
+        from vllm_lookahead.engine.step.sampler_noise import SamplerNoise
 
+        sampled = temperature > 0
+        vocab = 0
+        if sampled:  # rows over the streams' own tokens (sampled_model)
+            streams, vocab = compact(streams)
         self.streams, self.batch, self.max_model_len = streams, batch, max_model_len
         model = SimpleNamespace(max_model_len=max_model_len, uses_mrope=False, logits_processors=None)
         vllm_config = SimpleNamespace(
@@ -128,20 +138,27 @@ class LookaheadReplay:
         self.kv = state.kv = _KV()
         state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
         self._sm = SimpleNamespace(
-            all_greedy=True,
-            all_random=False,
+            all_greedy=not sampled,
+            all_random=sampled,
+            temperature=torch.full((batch,), temperature),
+            top_k=None,
+            top_p=None,
             max_num_logprobs=None,
             allowed_token_ids_mask=None,
             bad_words_token_ids=None,
             no_penalties=True,
             generators={},
         )
+        # sampled: rows from a model peaked at the recording, walks with a GPU sampler's noise
+        self._model = PeakedModel(vocab, temperature) if sampled else None
+        self._noise = SamplerNoise("exponential") if sampled else None
         self.served = ServedBatch(
             streams,
             batch,
             max_model_len,
-            SamplingParams(temperature=0.0, max_tokens=max_model_len),
+            SamplingParams(temperature=temperature, max_tokens=max_model_len),
             max_num_batched_tokens,
+            follows_recording=not sampled,
         )
         self.runner.requests = self.served.requests
         self.runner.input_batch.req_ids = self.served.req_ids
@@ -194,15 +211,15 @@ class LookaheadReplay:
             kernel_plan(batch, HEADS, KV_HEADS, HEAD_SIZE, torch.bfloat16)
         clock["attention"] = time.perf_counter() - t
 
-        roots = served.next_tokens()  # vLLM's sample at every root (the device's)
+        roots = self._roots()  # vLLM's sample at every root (the device's)
         outputs: list[list[int]] = [[r] for r in roots]
         t = time.perf_counter()
         if batch is not None:
             state.batch = None  # taken by the step's sampling, as in the engine
-            argmax = self._tree_argmax(batch)  # the device's argmax of every tree node (not timed)
+            argmax, kept = self._tree_outputs(batch)  # the device's: every node's argmax, sampled rows
             t = time.perf_counter()
             verified = verify_trees(
-                self._sm, batch, plan_trees(runner.requests, self._sm, batch), {}, argmax, roots, None
+                self._sm, batch, plan_trees(runner.requests, self._sm, batch), kept, argmax, roots, self._noise
             )
             state.on_verified(verified.outcomes)
             verified.token_grid(max(len(o) for o in verified.outputs))
@@ -231,6 +248,29 @@ class LookaheadReplay:
         for i in served.replace_finished():
             self._drafts[i] = []
         runner.input_batch.req_ids = served.req_ids
+
+    def _roots(self) -> list[int]:
+        """vLLM's sample at every request's root: the recording's next token (greedy), or a draw
+        from the peaked model's row with the sampler's noise."""
+        if self._model is None:
+            return self.served.next_tokens()
+        assert self._noise is not None
+        slots = self.served.slots
+        rows = torch.cat([self._model.rows(s.stream.output, np.array([s.emitted])) for s in slots])
+        return self._noise.sample_rows(rows / self._sm.temperature[: len(slots), None], [None] * len(slots))
+
+    def _tree_outputs(self, batch: Any) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """Every tree node's argmax (``tree_logit_rows`` order) and, sampled, each tree request's
+        rows (its verification reads them)."""
+        if self._model is None:
+            return self._tree_argmax(batch), {}
+        argmax, kept = [], {}
+        for tr in batch.requests:
+            slot = self.served.slots[tr.batch_index]
+            positions = slot.emitted + tr.tree.depths[tr.logit_nodes]
+            argmax.append([self._model.said(slot.stream.output, int(p)) for p in positions])
+            kept[tr.req_id] = self._model.rows(slot.stream.output, positions)
+        return np.concatenate(argmax).astype(np.int64), kept
 
     def _tree_argmax(self, batch: Any) -> np.ndarray:
         """What the target model says at every tree node with logits (``tree_logit_rows`` order):

@@ -59,6 +59,7 @@ ORDER = (
     "test_toy_exactness.py",
     "test_edge_cases.py",
     "test_toy_sampling_features.py",
+    "test_large_batch.py",
     "test_per_request_settings.py",
     "test_sampling_stats.py::test_toy",
     "test_bench_cli.py",

@@ -91,6 +91,10 @@ replay = LookaheadReplay(streams, 4, {}, step_cost(H100), 256)
 times = StepTimes()
 for _ in range(60):  # every emitted token is checked against the recording (AssertionError otherwise)
     replay.step(times)
+sampled = LookaheadReplay(streams, 4, {"max_tokens_per_step": 0}, step_cost(H100), 256, temperature=0.7)
+drawn = StepTimes()
+for _ in range(30):  # full trees, sampled from a model peaked at the recording, walks with the sampler's noise
+    sampled.step(drawn)
 anchor = AnchorReplay("ngram", streams, 4, 256)
 seconds, ngram = [], [0, 0]
 for _ in range(30):
@@ -100,20 +104,27 @@ json.dump({
     "drafted": sum(times.draft_tokens), "emitted": sum(times.emitted), "decoding": sum(times.decoding),
     "phases": {p: len(times.seconds[p]) for p in PHASES}, "positive": bool((times.totals() > 0).all()),
     "ngram_steps": len(seconds), "ngram_drafted": ngram[0], "ngram_emitted": ngram[1],
+    "sampled_drafted": sum(drawn.draft_tokens), "sampled_emitted": sum(drawn.emitted),
+    "sampled_decoding": sum(drawn.decoding), "sampled_verify_s": sum(drawn.seconds["verify"]),
 }, sys.stdout)
 """
 
 
 def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
-    """Lookahead's worker path and vLLM's ngram proposer on synthetic looping streams (4 in flight,
+    """Lookahead's worker path (greedy, exact against the recording; sampled, full trees walked
+    with the sampler's noise) and vLLM's ngram proposer on synthetic looping streams (4 in flight,
     requests replaced as they end); then the command's short run over the recording (the bundled
-    tokenizer rebuilds its prompts): two batch sizes, both context lengths, lookahead beside ngram."""
+    tokenizer rebuilds its prompts): two batch sizes, both context lengths, greedy and T=0.7,
+    lookahead beside ngram."""
     done = subprocess.run([sys.executable, "-c", REPLAYS], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["drafted"] > 0 and got["emitted"] > got["decoding"]  # drafts accepted: > 1 token per request-step
     assert got["phases"] == {p: 60 for p in PHASES} and got["positive"]
     assert got["ngram_steps"] == 30 and got["ngram_drafted"] > 0 and got["ngram_emitted"] > 30 * 4 * 0.5
+    # sampled: trees walked with the sampler's noise, some of their tokens accepted
+    assert got["sampled_drafted"] > 0 and got["sampled_emitted"] > got["sampled_decoding"] > 0
+    assert got["sampled_verify_s"] > 0
 
     out = tmp_path / "hw"
     args = ["--batch-sizes", "1", "8", "--contexts", "0", "2048", "--steps", "10", "--warmup", "5", "--out", str(out)]
@@ -126,10 +137,12 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
-    assert [(c["context"], c["batch"]) for c in result["cells"]] == [(0, 1), (0, 8), (2048, 1), (2048, 8)]
+    cells = [(c["context"], c["batch"], c["temperature"]) for c in result["cells"]]
+    assert cells == [(ctx, b, t) for ctx in (0, 2048) for b in (1, 8) for t in (0.0, 0.7)]
     for cell in result["cells"]:
-        assert cell["lookahead"]["step_s"]["p50"] > 0 and cell["ngram"]["step_s"]["p50"] > 0
-        assert np.isfinite(cell["lookahead"]["request_s"]["p99"])
+        assert cell["lookahead"]["step_s"]["p50"] > 0 and np.isfinite(cell["lookahead"]["request_s"]["p99"])
+        assert ("ngram" in cell) == (cell["temperature"] == 0)  # vLLM's proposer: greedy only
+        assert "ngram" not in cell or cell["ngram"]["step_s"]["p50"] > 0
     table = (out / "results.md").read_text()
-    assert table.count("\n| ") == 1 + 4 and "ngram ms/step" in table
+    assert table.count("\n| ") == 1 + 8 and "ngram ms/step" in table
     print(table)
