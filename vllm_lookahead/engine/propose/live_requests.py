@@ -9,8 +9,11 @@ A request's record holds, by lifetime:
 * ``outcome`` -- that tree verified (:class:`~vllm_lookahead.engine.step.verification.StepOutcome`), from
   ``_sample`` until
   the next proposal observes it;
-* ``idle`` / ``rest`` -- how many proposals running offered it to the draft rule for nothing, and
-  how many it still skips (under the draft rule, :meth:`LiveRequests.offered`).
+* ``idle`` / ``rest`` / ``phase`` -- how many proposals running offered it to the draft rule for
+  nothing, how many it still skips (under the draft rule, :meth:`LiveRequests.offered`), and how
+  much of each rest it cuts;
+* ``pool_ngrams`` -- its pools' size when last counted: :attr:`LiveRequests.pool_ngrams`, the
+  pool gauge, is their running sum.
 
 :class:`LiveRequests` is the one place that changes them over a request's life: a proposal
 takes the outcome (and the draft it verified), a new step drops outcomes nobody observed,
@@ -42,7 +45,7 @@ class LiveRequest:
     idle: int = 0  # proposals running that offered it to the draft rule and drafted nothing
     rest: int = 0  # proposals it still skips
     pool_ngrams: int = 0  # n-grams its pools held when last counted (:meth:`LiveRequests.count_pools`)
-    phase: float = 0.0  # in [0, 1): how much of its longest rest it cuts (spreads requests that rest alike)
+    phase: float = 0.0  # in [0, 1): the share of half of each rest it cuts (spreads requests that rest alike)
 
 
 class LiveRequests:
