@@ -15,7 +15,10 @@ skipped, never silently dropped):
   torch pass, the kernel's causal mode on the same rows, SDPA; ``compaction`` -- both compactions;
 * ``forward`` (:mod:`.gpu_forward`) -- a Llama-3.1-8B-shaped decoder's forward by tokens per
   request and batch, written as ``cost_b<B>.json`` (``StepCost``) for ``bench --replay
-  --replay-cost`` and ``bench --project --project-cost``.
+  --replay-cost`` and ``bench --project --project-cost``; ``batches`` -- the same at the batches
+  vLLM serves on a GPU (128, 256 and 1,024 requests, 512 tokens of context);
+* ``sampling`` (:mod:`.gpu_sampling`) -- verifying random requests: the coupled walks against
+  vLLM's own sampling step.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` to ``--out`` after every case (a run cut short
 keeps what it measured) with the GPU as ``torch.cuda.get_device_name()`` reports it, the
@@ -45,8 +48,15 @@ import torch
 
 from benchmarks.gpu.record import Part, Results, Settings, log
 
-PARTS = ("exactness", "layer", "compaction", "forward", "sampling")
-BUDGET_SHARES = {"exactness": 0.18, "layer": 0.38, "compaction": 0.05, "forward": 0.3, "sampling": 0.09}
+PARTS = ("exactness", "layer", "compaction", "forward", "sampling", "batches")
+BUDGET_SHARES = {
+    "exactness": 0.18,
+    "layer": 0.38,
+    "compaction": 0.05,
+    "forward": 0.3,
+    "sampling": 0.09,
+    "batches": 0.2,
+}
 KERNEL_MODULES = {
     "vllm_lookahead.kernels.tree_attention": "_tree_attention_kernel",
     "vllm_lookahead.kernels.kv_compaction": "_move_slots_kernel",
@@ -111,6 +121,7 @@ def part_modules() -> tuple[dict[str, tuple[Callable, Callable]], Callable[[dict
         "compaction": (gpu_layer_time.run_compaction, gpu_layer_time.markdown_compaction),
         "forward": (gpu_forward.run, gpu_forward.markdown),
         "sampling": (gpu_sampling.run, gpu_sampling.markdown),
+        "batches": (gpu_forward.run_batches, gpu_forward.markdown),
     }, gpu_exactness.failures
 
 

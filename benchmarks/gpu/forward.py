@@ -34,7 +34,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +91,17 @@ class Sweep:
         if quick:
             return cls((1, 4, 16, 64), (16, 64), (1, 16), 1024)
         return cls((1, 2, 4, 8, 12, 16, 24, 32, 48, 64), (8, 16, 32, 64), (1, 4, 16, 32), 1024)
+
+    @classmethod
+    def serving(cls, smoke: bool, quick: bool) -> Sweep:
+        """Part ``batches``: the batches vLLM's GPU defaults allow in flight (``max_num_seqs``
+        1,024 on an H100), at 512 tokens of context (1,024 requests' paged cache then takes
+        ~70 GB), a few tokens per request."""
+        if smoke:
+            return cls((1,), (4,), (3,), 32)
+        if quick:
+            return cls((1, 4), (8,), (128, 1024), 512)
+        return cls((1, 2, 4, 8), (8,), (128, 256, 1024), 512)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -285,7 +296,24 @@ def write_cost_file(out_dir: Path, rows: list[dict[str, Any]], batch: int, meta:
 
 def run(settings: Settings, part: Part) -> None:
     """Part c: batches in ascending order, each its chain sweep then its trees, then its cost file."""
-    sweep = Sweep.of(settings.smoke, settings.quick)
+    run_sweep(settings, part, Sweep.of(settings.smoke, settings.quick))
+
+
+def run_batches(settings: Settings, part: Part) -> None:
+    """Part ``batches``: part c at serving batch sizes (:meth:`Sweep.serving`), the context cut
+    to what the GPU's free memory holds beside the weights (the smaller GPU's 80 GB)."""
+    sweep = Sweep.serving(settings.smoke, settings.quick)
+    if settings.device.type == "cuda":
+        s = LLAMA_8B
+        per_token = s.layers * 2 * s.kv_heads * s.head_size * 2  # bf16 K and V, every layer
+        room = torch.cuda.mem_get_info(settings.device)[0] - 28 * 2**30  # weights, activations, graphs
+        fits = room // per_token // max(sweep.batches) - max(sweep.tokens + sweep.tree_tokens)
+        sweep = replace(sweep, context=max(64, min(sweep.context, fits // 64 * 64)))
+    run_sweep(settings, part, sweep)
+
+
+def run_sweep(settings: Settings, part: Part, sweep: Sweep) -> None:
+    """Batches in ascending order, each its chain sweep then its trees, then its cost file."""
     shape = TINY if settings.smoke else LLAMA_8B
     made: dict[str, RandomDecoder] = {}
     built = part.record(
@@ -311,7 +339,9 @@ def run(settings: Settings, part: Part) -> None:
             part.record(
                 "forward",
                 {"batch": batch, "tokens": tokens, "mode": mode},
-                lambda b=batch, t=tokens, m=mode: measure_forward(decoder, b, t, m, settings.device, settings.timing),
+                lambda b=batch, t=tokens, m=mode, d=decoder: measure_forward(
+                    d, b, t, m, settings.device, settings.timing
+                ),
                 lambda r: (
                     f"forward B={r['batch']} T={r['tokens']} {r['mode']}: {r['seconds'] * 1e3:.2f} ms ({r['run']})"
                 ),
@@ -319,6 +349,9 @@ def run(settings: Settings, part: Part) -> None:
         path = write_cost_file(settings.out_dir, part.table("forward"), batch, meta)
         if path is not None:
             part.data["cost_files"][str(batch)] = {"path": path.name, **json.loads(path.read_text())}
+    del decoder  # its weights and cache freed before the next part
+    if settings.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _build(settings: Settings, shape: DecoderShape, sweep: Sweep, made: dict[str, RandomDecoder]) -> dict[str, Any]:

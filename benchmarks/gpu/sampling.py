@@ -18,13 +18,21 @@ node, so one host synchronisation per emitted token.  Timed here, per vocabulary
   (its state kept after each draw, so it can be set back to just after the tokens emitted), each
   node's token ``argmax(p_node / q_depth(node))`` in one op, read back once;
 * ``level_r<R>_d<L>`` -- the walk of ``R`` requests taken level by level for ``L`` levels: per level
-  the requests' current rows in one batched pass, one noise draw per request, one read-back.
+  the requests' current rows in one batched pass, one noise draw per request, one read-back;
+* ``walks_r<R>_d<L>`` / ``walks_seeded_r<R>_d<L>`` -- the same walk as the engine takes it
+  (``engine/step/verification.py``, ``SamplerNoise.sample_rows``): per level one gather of the
+  rows reached from the kept rows, each row's own temperature / top-k / top-p as tensors over
+  the rows, and the noise as vLLM's ``random_sample`` draws it -- one ``exponential_`` over
+  every row, then a row per request with its own generator (``seeded``: every request has one;
+  else none has) -- one read-back per level.
 
 Each with top-k 50 / top-p 0.9 (vLLM's sort path) and with temperature only.  Exactness on the
 device: noise drawn into the rows of a ``[D, V]`` buffer equals ``D`` fresh single-row draws of the
 same generator (what drawing ahead needs), a generator set back to the state kept after ``k`` draws
 draws row ``k`` again, and the drawn-ahead tokens equal the walk's; also recorded (not required):
-whether one ``exponential_`` over ``[D, V]`` equals ``D`` row draws.  The top-k/top-p here is a
+whether one ``exponential_`` over ``[D, V]`` equals ``D`` row draws; and that the engine's batched
+walk (per-row temperature and top-k/top-p tensors) emits the tokens of one walk per request
+(scalar settings, one row at a time).  The top-k/top-p here is a
 torch rendering of vLLM's sort-based ``apply_top_k_top_p`` (same ops, for cost; this part imports
 no vLLM).
 """
@@ -34,6 +42,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,20 +55,22 @@ if TYPE_CHECKING:
 TOP_K, TOP_P, TEMPERATURE = 50, 0.9, 0.8
 
 
-def top_k_top_p(logits: torch.Tensor, k: int | None, p: float | None) -> torch.Tensor:
-    """Rows of ``logits`` with entries outside the top ``k`` / nucleus ``p`` set to -inf, by vLLM's
-    sort path (ascending sort, threshold at ``V - k``, cumulative softmax, scatter back)."""
+def top_k_top_p(logits: torch.Tensor, k: int | torch.Tensor | None, p: float | torch.Tensor | None) -> torch.Tensor:
+    """Rows of ``logits`` with entries outside the top ``k`` / nucleus ``p`` (one for every row,
+    or a tensor of one per row) set to -inf, by vLLM's sort path (ascending sort, threshold at
+    ``V - k``, cumulative softmax, scatter back)."""
     if k is None and p is None:
         return logits
+    rows, vocab = logits.shape
     sorted_logits, index = logits.sort(dim=-1, descending=False)
     if k is not None:
-        threshold = sorted_logits.gather(
-            -1, torch.full((logits.shape[0], 1), logits.shape[-1] - k, device=logits.device, dtype=torch.long)
-        )
+        k = torch.as_tensor(k, device=logits.device).expand(rows)
+        threshold = sorted_logits.gather(-1, (vocab - k.long()).unsqueeze(1))
         sorted_logits.masked_fill_(sorted_logits < threshold, -float("inf"))
     if p is not None:
+        p = torch.as_tensor(p, device=logits.device, dtype=torch.float32).expand(rows)
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        mask = cumulative <= 1 - p
+        mask = cumulative <= 1 - p.unsqueeze(1)
         mask[:, -1] = False
         sorted_logits.masked_fill_(mask, -float("inf"))
     return logits.scatter(-1, index, sorted_logits)
@@ -69,6 +80,51 @@ def probabilities(logits: torch.Tensor, filtered: bool) -> torch.Tensor:
     out = logits.div(TEMPERATURE)
     out = top_k_top_p(out, TOP_K, TOP_P) if filtered else out
     return out.softmax(dim=-1, dtype=torch.float32)
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """Per-row sampling settings as tensors on the device (vLLM's ``SamplingMetadata`` rows)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor | None
+    top_p: torch.Tensor | None
+
+    @classmethod
+    def uniform(cls, rows: int, filtered: bool, device: torch.device) -> RowSettings:
+        full = lambda value, dtype: torch.full((rows,), value, dtype=dtype, device=device)  # noqa: E731
+        return cls(
+            full(TEMPERATURE, torch.float32),
+            full(TOP_K, torch.int32) if filtered else None,
+            full(TOP_P, torch.float32) if filtered else None,
+        )
+
+    def of(self, index: torch.Tensor) -> RowSettings:
+        pick = lambda t: None if t is None else t.index_select(0, index)  # noqa: E731
+        return RowSettings(pick(self.temperature), pick(self.top_k), pick(self.top_p))
+
+
+def batched_walk(
+    kept: torch.Tensor, reached: list[torch.Tensor], settings: RowSettings, generators: list[torch.Generator | None]
+) -> list[list[int]]:
+    """The step's walks as the engine takes them: per level, the rows reached (indices into
+    ``kept``, ``[rows, V]``; row ``i`` of level ``l`` belongs to request ``i``) gathered, each row's
+    temperature / top-k / top-p, softmax, vLLM's ``random_sample`` noise (one ``exponential_`` over
+    the rows unless every row has a generator, then each seeded row from its generator), the
+    argmax of every row, one read-back."""
+    tokens = []
+    for index in reached:
+        mine = settings.of(torch.arange(len(index), device=kept.device))
+        logits = kept.index_select(0, index).div_(mine.temperature.unsqueeze(1))
+        probs = top_k_top_p(logits, mine.top_k, mine.top_p).softmax(dim=-1, dtype=torch.float32)
+        q = torch.empty_like(probs)
+        if any(g is None for g in generators):
+            q.exponential_()
+        for i, g in enumerate(generators):
+            if g is not None:
+                q[i].exponential_(generator=g)
+        tokens.append(probs.div_(q).argmax(dim=-1).tolist())
+    return tokens
 
 
 def vllm_step(logits: torch.Tensor, generators: list[torch.Generator], filtered: bool) -> list[int]:
@@ -117,13 +173,13 @@ def level_walk(rows: torch.Tensor, generators: list[torch.Generator], filtered: 
     return tokens
 
 
-def seconds(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+def seconds(fn: Callable[[], object], device: torch.device, calls: int, samples_taken: int = 5) -> float:
     """Median wall seconds per call (host synchronisation included: what a verification step waits)."""
     for _ in range(2):
         fn()
     synchronize(device)
     samples = []
-    for _ in range(5):
+    for _ in range(samples_taken):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -157,16 +213,24 @@ def check_exactness(vocab: int, device: torch.device, levels: int = 5) -> dict[s
     rows = torch.randn((levels, vocab), device=device, generator=generator(device, 3)) * 4
     tokens_walk = walk(rows, generator(device, 11), True)
     tokens_ahead, _ = ahead(rows, torch.arange(levels, device=device), levels, generator(device, 11), True)
+    requests = 6
+    kept = torch.randn((levels * requests, vocab), device=device, generator=generator(device, 4)) * 4
+    reached = [torch.arange(requests, device=device) + level * requests for level in range(levels)]
+    batched = batched_walk(
+        kept, reached, RowSettings.uniform(requests, True, device), [generator(device, 20 + i) for i in range(requests)]
+    )
+    one_by_one = [walk(kept[i::requests], generator(device, 20 + i), True) for i in range(requests)]
     return {
         "vocab": vocab,
         "row_draws_equal_fresh_draws": rows_equal,
         "state_set_back_redraws": restored,
         "ahead_tokens_equal_walk": tokens_ahead == tokens_walk,
         "one_call_equals_row_draws": one_call_equal,
+        "batched_walk_equals_walks": [list(t) for t in zip(*batched)] == one_by_one,
     }
 
 
-def measure(vocab: int, name: str, filtered: bool, device: torch.device) -> dict[str, Any]:
+def measure(vocab: int, name: str, filtered: bool, device: torch.device, smoke: bool) -> dict[str, Any]:
     kind, _, rest = name.partition("_")
     rng = generator(device, 5)
     if kind == "vllm":
@@ -178,6 +242,14 @@ def measure(vocab: int, name: str, filtered: bool, device: torch.device) -> dict
         rows = torch.randn((int(rest[1:]), vocab), device=device, generator=rng) * 4
         g = generator(device, 1)
         fn = lambda: walk(rows, g, filtered)
+    elif kind == "walks":
+        seeded = rest.startswith("seeded_")
+        requests, levels = (int(part[1:]) for part in rest.removeprefix("seeded_").split("_"))
+        kept = torch.randn((levels * requests, vocab), device=device, generator=rng) * 4
+        reached = [torch.arange(requests, device=device) + level * requests for level in range(levels)]
+        row_settings = RowSettings.uniform(requests, filtered, device)
+        gens = [generator(device, i) if seeded else None for i in range(requests)]
+        fn = lambda: batched_walk(kept, reached, row_settings, gens)
     elif kind == "level":
         requests, levels = (int(part[1:]) for part in rest.split("_"))
         rows = torch.randn((levels, requests, vocab), device=device, generator=rng) * 4
@@ -189,11 +261,14 @@ def measure(vocab: int, name: str, filtered: bool, device: torch.device) -> dict
         depths = torch.arange(n, device=device) % levels
         g = generator(device, 1)
         fn = lambda: ahead(rows, depths, levels, g, filtered)
-    return {"vocab": vocab, "case": name, "top_k_top_p": filtered, "seconds": seconds(fn, device, 20)}
+    calls = (1, 1) if smoke else (20, 5)
+    return {"vocab": vocab, "case": name, "top_k_top_p": filtered, "seconds": seconds(fn, device, *calls)}
 
 
 def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    vocabs = (4096,) if smoke else (49152, 128256)
+    if smoke:  # every kind of case once, small
+        return (4096,), ("vllm_b1", "walk_k2", "ahead_n8_d4", "level_r8_d2", "walks_r8_d2", "walks_seeded_r8_d2")
+    vocabs = (49152, 128256)
     names = (
         "vllm_b1",
         "vllm_b32",
@@ -205,6 +280,11 @@ def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
         "ahead_n32_d5",
         "level_r8_d2",
         "level_r32_d2",
+        "walks_r8_d2",
+        "walks_r32_d2",
+        "walks_seeded_r32_d2",
+        "walks_r128_d2",
+        "walks_r256_d2",
     )
     return vocabs, names
 
@@ -226,7 +306,7 @@ def run(settings: Settings, part: Part) -> None:
                 part.record(
                     "cost",
                     {"vocab": vocab, "case": name, "top_k_top_p": filtered},
-                    lambda v=vocab, n=name, f=filtered: measure(v, n, f, device),
+                    lambda v=vocab, n=name, f=filtered: measure(v, n, f, device, settings.smoke),
                     lambda r: f"V={r['vocab']} {r['case']} top-k/p={r['top_k_top_p']}: {r['seconds'] * 1e6:.1f} us",
                 )
 

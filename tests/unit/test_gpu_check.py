@@ -47,7 +47,7 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     env = raw["environment"]
     assert env["device"] == "cpu" and "meaningless" in env["timings"]
     assert {"gpu", "torch", "triton", "cuda", "date_utc", "command"} <= set(env)
-    assert list(raw["parts"]) == ["exactness", "layer", "compaction", "forward", "sampling"]
+    assert list(raw["parts"]) == ["exactness", "layer", "compaction", "forward", "sampling", "batches"]
     for name, part in raw["parts"].items():
         assert part["status"] == "complete" and not part["errors"], (name, part["errors"], part["skipped"])
     exact = raw["parts"]["exactness"]["tables"]
@@ -62,10 +62,14 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
     assert {r["mode"] for r in raw["parts"]["forward"]["tables"]["forward"]} == {"chain", "tree", "tree_one_pass"}
     sampling = raw["parts"]["sampling"]["tables"]
     assert all(
-        r["row_draws_equal_fresh_draws"] and r["state_set_back_redraws"] and r["ahead_tokens_equal_walk"]
+        r["row_draws_equal_fresh_draws"]
+        and r["state_set_back_redraws"]
+        and r["ahead_tokens_equal_walk"]
+        and r["batched_walk_equals_walks"]
         for r in sampling["exactness"]
     )
-    assert {r["case"] for r in sampling["cost"]} >= {"vllm_b1", "walk_k1", "ahead_n8_d4"}
+    assert {r["case"] for r in sampling["cost"]} >= {"vllm_b1", "walk_k2", "ahead_n8_d4", "walks_seeded_r8_d2"}
+    assert {(r["batch"], r["tokens"]) for r in raw["parts"]["batches"]["tables"]["forward"]} == {(3, 1), (3, 4)}
     md = (out / "gpu_check.md").read_text()
     assert "**Exactness: every case run passed**" in md and "| T per request |" in md and "| kernel/causal |" in md
     assert "[" in proc.stdout and "written to" in proc.stdout  # progress lines

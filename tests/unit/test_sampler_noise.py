@@ -87,3 +87,27 @@ def test_rows_sampled_in_one_pass_equal_rows_sampled_one_at_a_time(noise):
     assert [[row[i] for i in seeded] for row in alone] == [[row[i] for i in seeded] for row in together]
     assert all(torch.equal(one[i].get_state(), many[i].get_state()) for i in seeded)
     assert len({tuple(row) for row in together}) > 6  # really sampled
+
+
+def test_rows_of_several_requests_get_each_requests_own_settings():
+    """``target_dist.sampling_logits`` over rows of several requests in one pass (each row its
+    request's temperature, top-k and top-p) equals each request's rows taken alone, and their
+    tokens under one noise pass are vLLM's own sampler's for the same batch."""
+    from vllm_lookahead.engine.step import target_dist
+
+    torch.manual_seed(2)
+    sm = SimpleNamespace(temperature=TEMPERATURE[:, 0].clone(), top_k=TOP_K.clone(), top_p=TOP_P.clone())
+    logits = torch.randn(7, VOCAB) * 3
+    owners = [2, 0, 1, 1, 0, 2, 1]
+    together = target_dist.sampling_logits(logits, sm, owners)
+    alone = torch.cat([target_dist.sampling_logits(logits[j : j + 1], sm, owners[j]) for j in range(7)])
+    assert torch.equal(together, alone)
+    assert torch.isinf(together).any(axis=1).tolist() == [o != 2 for o in owners]  # top-k / top-p applied per row
+
+    inner = TopKTopPSampler()
+    noise = SamplerNoise.of(SimpleNamespace(topk_topp_sampler=SimpleNamespace(forward=inner.forward_native)))
+    rows = logits[:3]
+    gens = {i: torch.Generator().manual_seed(40 + i) for i in range(3)}
+    theirs, _ = inner.forward_native(rows.clone() / TEMPERATURE, gens, TOP_K.clone(), TOP_P.clone())
+    mine = [torch.Generator().manual_seed(40 + i) for i in range(3)]
+    assert noise.sample_rows(target_dist.sampling_logits(rows, sm, [0, 1, 2]), mine) == theirs.tolist()

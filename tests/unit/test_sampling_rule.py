@@ -20,6 +20,7 @@ from support.stats import compare_samples, sequence_histograms
 from support.wrong_rules import WRONG_RULES
 from vllm_lookahead.core import TreeBuilder
 from vllm_lookahead.core.sampling import (
+    child_carrying,
     children_with_logits,
     coupled_walk,
     coupled_walks,
@@ -81,6 +82,17 @@ def random_tree(rng: np.random.Generator, root: int, size: int, vocab: int = VOC
     while b.size < size:
         b.add(int(rng.integers(0, b.size)), int(rng.integers(0, vocab)), bool(rng.random() < 0.8))
     return b.build()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30))
+def test_the_child_a_walk_moves_to_is_the_first_child_with_logits_carrying_the_token(seed, size):
+    tree = random_tree(np.random.default_rng(seed), 1, size)
+    children = children_with_logits(tree)
+    for node in range(tree.size):
+        for token in range(VOCAB):
+            first = next((c for c in children[node] if int(tree.tokens[c]) == token), None)
+            assert child_carrying(tree, node, token) == first
 
 
 @settings(max_examples=80, deadline=None)

@@ -62,6 +62,13 @@ def children_with_logits(tree: DraftTree) -> list[list[int]]:
     return children
 
 
+def child_carrying(tree: DraftTree, node: int, token: int) -> int | None:
+    """The first child of ``node`` (node order) with logits whose token is ``token``, or None:
+    one vectorised pass over the tree, for the nodes a walk reaches only."""
+    hits = np.flatnonzero((tree.parents == node) & (tree.tokens == token) & tree.logits)
+    return int(hits[0]) if hits.size else None
+
+
 def sample_from(r: np.ndarray, total: float, u: float) -> int:
     """Inverse-CDF sample of ``r / total`` with one uniform draw ``u``."""
     cdf = np.cumsum(r)
@@ -131,7 +138,6 @@ def coupled_walks(
     a walk whose noise comes from its own generator advances it exactly as alone; the rounds
     let the walks of a step share each sampling call (one pass over their rows, one read-back).
     """
-    children = [children_with_logits(tree) for tree, _ in walks]
     tokens = [int(first) for _, first in walks]
     nodes = [0] * len(walks)
     paths: list[list[int]] = [[] for _ in walks]
@@ -139,8 +145,7 @@ def coupled_walks(
     while going:
         moved = []
         for w in going:
-            below = walks[w][0].tokens
-            child = next((c for c in children[w][nodes[w]] if int(below[c]) == tokens[w]), None)
+            child = child_carrying(walks[w][0], nodes[w], tokens[w])
             if child is not None:
                 paths[w].append(child)
                 nodes[w] = child

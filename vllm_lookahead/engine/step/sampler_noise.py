@@ -54,25 +54,25 @@ class SamplerNoise:
 
     def sample_rows(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
         """:meth:`sample` for each row of ``logits`` (``[rows, vocab]``) with the next noise of its
-        generator, in one pass: per row the seed / noise vector that row's call of :meth:`sample`
-        would draw (generators in row order), the argmax of every row at once, one read-back."""
+        generator, in one pass, as vLLM's sampler draws a batch's noise: the rows without a
+        generator in one draw from the global stream, then each seeded row's seed / noise vector
+        from its own generator (so each generator advances exactly as by that row's own
+        :meth:`sample`), the argmax of every row at once, one read-back."""
+        unseeded = any(g is None for g in generators)
         if self.kind == "splitmix":
-            seeds = torch.cat(
-                [
-                    torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long)
-                    if g is not None
-                    else torch.randint(0, 2**31, (1,), dtype=torch.long)
-                    for g in generators
-                ]
-            )
-            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), seeds).tolist()
+            seeds = torch.randint(0, 2**31, (len(generators),), dtype=torch.long) if unseeded else None
+            drawn = [
+                torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long) if g is not None else seeds[i : i + 1]
+                for i, g in enumerate(generators)
+            ]
+            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), torch.cat(drawn)).tolist()
         from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         q = empty_exponential_noise_like(probs, self.fp64)
-        for row, generator in zip(q, generators, strict=True):
+        if unseeded:
+            q.exponential_()
+        for i, generator in enumerate(generators):
             if generator is not None:
-                row.exponential_(generator=generator)
-            else:
-                row.exponential_()
+                q[i].exponential_(generator=generator)
         return sample_with_exponential_noise(probs, q).tolist()

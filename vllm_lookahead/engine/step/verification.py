@@ -348,11 +348,15 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying])
 
     def sample_after(reached: list[tuple[int, int]]) -> list[int]:
         t0 = time.perf_counter()
-        rows = torch.stack([items[w].sampling_row(sm, node) for w, node in reached])
-        tokens = noise.sample_rows(rows, [sm.generators.get(items[w].tr.batch_index) for w, _ in reached])
+        walking = [(items[w], node) for w, node in reached]
+        processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
+        rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking])
+        for (item, node), row in zip(walking, rows, strict=True):
+            item._sampling[node] = row  # the processed logprobs modes read it again
+        tokens = noise.sample_rows(rows, [sm.generators.get(item.tr.batch_index) for item, _ in walking])
         share = (time.perf_counter() - t0) / len(reached)
-        for w, _ in reached:
-            items[w].seconds += share
+        for item, _ in walking:
+            item.seconds += share
         return tokens
 
     walked = coupled_walks([(item.tr.tree, item.root_token) for item in items], sample_after)
