@@ -60,6 +60,7 @@ BUDGET_SHARES = {
 KERNEL_MODULES = {
     "vllm_lookahead.kernels.tree_attention": "_tree_attention_kernel",
     "vllm_lookahead.kernels.kv_compaction": "_move_slots_kernel",
+    "vllm_lookahead.kernels.exponential_noise": "_exponential_rows_kernel",
 }
 COMMAND = "benchmarks.gpu.check"
 

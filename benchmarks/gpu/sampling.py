@@ -24,7 +24,13 @@ node, so one host synchronisation per emitted token.  Timed here, per vocabulary
   rows reached from the kept rows, each row's own temperature / top-k / top-p as tensors over
   the rows, and the noise as vLLM's ``random_sample`` draws it -- one ``exponential_`` over
   every row, then a row per request with its own generator (``seeded``: every request has one;
-  else none has) -- one read-back per level.
+  else none has) -- one read-back per level;
+* ``noise_torch_r<R>`` / ``noise_fused_r<R>`` -- the noise of ``R`` seeded rows: ``R``
+  ``exponential_`` calls, or one launch of the exponential-noise kernel
+  (``kernels/exponential_noise.py``: torch's Philox counters computed in the kernel, each
+  generator's offset advanced on the host);
+* ``fused_seeded_r<R>_d<L>`` -- ``walks_seeded`` with that kernel's noise, as the engine draws
+  seeded rows on a GPU (one launch per level for them all).
 
 Each with top-k 50 / top-p 0.9 (vLLM's sort path) and with temperature only.  Exactness on the
 device: noise drawn into the rows of a ``[D, V]`` buffer equals ``D`` fresh single-row draws of the
@@ -32,7 +38,8 @@ same generator (what drawing ahead needs), a generator set back to the state kep
 draws row ``k`` again, and the drawn-ahead tokens equal the walk's; also recorded (not required):
 whether one ``exponential_`` over ``[D, V]`` equals ``D`` row draws; and that the engine's batched
 walk (per-row temperature and top-k/top-p tensors) emits the tokens of one walk per request
-(scalar settings, one row at a time).  The top-k/top-p here is a
+(scalar settings, one row at a time); and, on a GPU, whether the exponential-noise kernel's rows
+equal torch's ``exponential_`` bit for bit and its walk the walks.  The top-k/top-p here is a
 torch rendering of vLLM's sort-based ``apply_top_k_top_p`` (same ops, for cost; this part imports
 no vLLM).
 """
@@ -48,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from benchmarks.gpu.fixtures import cell, md_table, synchronize
+from vllm_lookahead.kernels.exponential_noise import exponential_rows, matches_torch, take_offsets
 
 if TYPE_CHECKING:
     from benchmarks.gpu.record import Part, Settings
@@ -105,13 +113,19 @@ class RowSettings:
 
 
 def batched_walk(
-    kept: torch.Tensor, reached: list[torch.Tensor], settings: RowSettings, generators: list[torch.Generator | None]
+    kept: torch.Tensor,
+    reached: list[torch.Tensor],
+    settings: RowSettings,
+    generators: list[torch.Generator | None],
+    fused: bool = False,
 ) -> list[list[int]]:
     """The step's walks as the engine takes them: per level, the rows reached (indices into
     ``kept``, ``[rows, V]``; row ``i`` of level ``l`` belongs to request ``i``) gathered, each row's
     temperature / top-k / top-p, softmax, vLLM's ``random_sample`` noise (one ``exponential_`` over
-    the rows unless every row has a generator, then each seeded row from its generator), the
-    argmax of every row, one read-back."""
+    the rows unless every row has a generator, then each seeded row from its generator; ``fused``:
+    the seeded rows' noise in one launch of the exponential-noise kernel, as the engine draws it
+    on a GPU),
+    the argmax of every row, one read-back."""
     tokens = []
     for index in reached:
         mine = settings.of(torch.arange(len(index), device=kept.device))
@@ -120,9 +134,13 @@ def batched_walk(
         q = torch.empty_like(probs)
         if any(g is None for g in generators):
             q.exponential_()
-        for i, g in enumerate(generators):
-            if g is not None:
-                q[i].exponential_(generator=g)
+        seeded = [i for i, g in enumerate(generators) if g is not None]
+        if fused:
+            rows = torch.tensor(seeded).to(q.device, non_blocking=True)
+            exponential_rows(q, rows, *take_offsets([generators[i] for i in seeded], q.device))
+        else:
+            for i in seeded:
+                q[i].exponential_(generator=generators[i])
         tokens.append(probs.div_(q).argmax(dim=-1).tolist())
     return tokens
 
@@ -227,6 +245,24 @@ def check_exactness(vocab: int, device: torch.device, levels: int = 5) -> dict[s
         "ahead_tokens_equal_walk": tokens_ahead == tokens_walk,
         "one_call_equals_row_draws": one_call_equal,
         "batched_walk_equals_walks": [list(t) for t in zip(*batched)] == one_by_one,
+        **fused_noise_exactness(vocab, device, kept, reached, one_by_one),
+    }
+
+
+def fused_noise_exactness(
+    vocab: int, device: torch.device, kept: torch.Tensor, reached: list[torch.Tensor], walks: list[list[int]]
+) -> dict[str, bool]:
+    """The exponential-noise kernel's rows equal torch's ``exponential_`` bit for bit (generators'
+    offsets included), and the batched walk with it emits the walks' tokens.  GPU only (the
+    interpreter has no libdevice)."""
+    if device.type != "cuda":
+        return {}
+    requests = len(walks)
+    gens = [generator(device, 20 + i) for i in range(requests)]
+    fused = batched_walk(kept, reached, RowSettings.uniform(requests, True, device), gens, fused=True)
+    return {
+        "fused_noise_bits_equal": matches_torch(vocab, device),
+        "fused_walk_equals_walks": [list(t) for t in zip(*fused)] == walks,
     }
 
 
@@ -250,6 +286,27 @@ def measure(vocab: int, name: str, filtered: bool, device: torch.device, smoke: 
         row_settings = RowSettings.uniform(requests, filtered, device)
         gens = [generator(device, i) if seeded else None for i in range(requests)]
         fn = lambda: batched_walk(kept, reached, row_settings, gens)
+    elif kind == "noise":  # noise_<torch|fused>_r<R>: R seeded rows' noise, R calls or one launch
+        how, requests = rest.split("_")
+        q = torch.empty((int(requests[1:]), vocab), device=device)
+        gens = [generator(device, i) for i in range(q.shape[0])]
+        every_row = torch.arange(q.shape[0], device=device)
+
+        def fn() -> object:
+            if how == "torch":
+                for i, g in enumerate(gens):
+                    q[i].exponential_(generator=g)
+            else:
+                exponential_rows(q, every_row, *take_offsets(gens, device))
+            return q[0, 0].item()
+
+    elif kind == "fused":  # fused_seeded_r<R>_d<L>: walks_seeded with the seeded rows in one launch
+        requests, levels = (int(part[1:]) for part in rest.removeprefix("seeded_").split("_"))
+        kept = torch.randn((levels * requests, vocab), device=device, generator=rng) * 4
+        reached = [torch.arange(requests, device=device) + level * requests for level in range(levels)]
+        row_settings = RowSettings.uniform(requests, filtered, device)
+        gens = [generator(device, i) for i in range(requests)]
+        fn = lambda: batched_walk(kept, reached, row_settings, gens, fused=True)
     elif kind == "level":
         requests, levels = (int(part[1:]) for part in rest.split("_"))
         rows = torch.randn((levels, requests, vocab), device=device, generator=rng) * 4
@@ -285,6 +342,9 @@ def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
         "walks_seeded_r32_d2",
         "walks_r128_d2",
         "walks_r256_d2",
+        "noise_torch_r32",
+        "noise_fused_r32",
+        "fused_seeded_r32_d2",
     )
     return vocabs, names
 

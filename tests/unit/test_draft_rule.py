@@ -160,6 +160,20 @@ def test_a_slow_spell_while_profiling_does_not_flatten_the_profile(monkeypatch):
     assert cost.seconds == pytest.approx([0.020 + 0.001 * n for n in cost.tokens])
 
 
+def test_one_size_timed_slow_in_every_round_does_not_make_drafts_dear():
+    """A profile seen in CI (2026-11-28, another process on the cores): 2 tokens timed 5.7 ms in
+    every round beside 1.4 ms at 1 and 1.5 ms at 4.  Carried up by the non-decreasing curve it
+    priced every draft at four times a 1-token forward and nothing drafted at batch 1; each size
+    is the lowest time seen at it or above."""
+    from vllm_lookahead.engine.propose.cost_profile import lower_envelope
+
+    seen = [1.4, 5.7, 1.5, 1.3, 2.4, 1.9, 2.0, 7.9]
+    assert lower_envelope(seen) == [1.3, 1.3, 1.3, 1.3, 1.9, 1.9, 2.0, 7.9]
+    cost = StepCost((1, 2, 4, 8, 16, 32, 64, 128), tuple(1e-3 * s for s in lower_envelope(seen)))
+    assert cost.chain(4) == pytest.approx(cost.chain(1))
+    assert lower_envelope([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
 # -- the rule -------------------------------------------------------------------------------
 def _opts(
     lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1, fixed=0.0

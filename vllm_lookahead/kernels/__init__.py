@@ -4,7 +4,9 @@
   paged KV cache (one launch per layer for every tree request of the step, the context
   split across programs flash-decoding style, the splits combined in the same launch);
 * :mod:`.kv_compaction` -- the accepted path's K/V moved to its final slots, every layer
-  in one launch.
+  in one launch;
+* :mod:`.exponential_noise` -- the noise torch's ``exponential_`` draws for the seeded rows of a
+  sampled walk's position, every generator's row in one launch, bit for bit.
 
 The engine uses them on CUDA (:mod:`vllm_lookahead.engine.step.attention`,
 :func:`vllm_lookahead.engine.step.kv.move_slots`); the torch pass stays the CPU path and the

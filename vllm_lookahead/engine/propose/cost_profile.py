@@ -9,9 +9,12 @@ CPU that is ~0.2 ms of a ~1.2 ms per-token price), at :data:`PROFILE_SIZES` toke
 (up to the engine's ``max_num_batched_tokens``): one warm-up round over every size, then
 :data:`REPEATS` rounds, each timing every size once, best per size.  Rounds rather than
 one size after the other: a slow spell (the first calls after start-up, another process
-on the cores) then slows every size alike instead of all repeats of one size -- the
-curve is made non-decreasing, so a small size timed slow would make the sizes after it
-look free.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
+on the cores) then slows every size alike instead of all repeats of one size.  Timing noise
+only ever adds time, and a forward of fewer tokens is not slower than one of more, so each
+size's time is the lowest measured at it or any larger size: one size timed slow in every
+round (seen: 2 tokens at 5.7 ms beside 1.5 ms at 4, on a CPU shared with another process)
+would otherwise be carried up to every larger size by the non-decreasing curve and make every
+draft look four times dearer than it is.  That is the chain curve of :class:`~vllm_lookahead.core.step_cost.StepCost`;
 what it leaves out (attention over real contexts, per-token work of real steps, sampling,
 the tree pass) is learnt from the steps served (:meth:`StepCost.observe`, fed by
 :class:`~vllm_lookahead.engine.runner.RunnerLookahead`).
@@ -69,13 +72,22 @@ def profile_forward_cost(runner: Any) -> StepCost:
             "lookahead: forward-cost profile failed (%s: %s); using the bundled CPU profile", type(exc).__name__, exc
         )
         return fallback_cost()
-    cost = StepCost(tuple(sizes), tuple(seconds))
+    cost = StepCost(tuple(sizes), tuple(lower_envelope(seconds)))
     logger.info(
         "lookahead: forward cost profiled in %.1f s: %s",
         time.perf_counter() - t0,
         ", ".join(f"{n} tok {1e3 * s:.1f} ms" for n, s in zip(sizes, seconds)),
     )
     return cost
+
+
+def lower_envelope(seconds: list[float]) -> list[float]:
+    """Each size's time as the lowest measured at it or at any larger size (sizes ascending)."""
+    out, low = [], float("inf")
+    for sec in reversed(seconds):
+        low = min(low, sec)
+        out.append(low)
+    return out[::-1]
 
 
 def _timed_dummy_forward(runner: Any, tokens: int) -> float:

@@ -57,7 +57,8 @@ class SamplerNoise:
         generator, in one pass, as vLLM's sampler draws a batch's noise: the rows without a
         generator in one draw from the global stream, then each seeded row's seed / noise vector
         from its own generator (so each generator advances exactly as by that row's own
-        :meth:`sample`), the argmax of every row at once, one read-back."""
+        :meth:`sample`; on a GPU the seeded rows' noise in one launch where it equals torch's
+        bit for bit, :func:`_fused_noise`), the argmax of every row at once, one read-back."""
         unseeded = any(g is None for g in generators)
         if self.kind == "splitmix":
             seeds = torch.randint(0, 2**31, (len(generators),), dtype=torch.long) if unseeded else None
@@ -72,7 +73,27 @@ class SamplerNoise:
         q = empty_exponential_noise_like(probs, self.fp64)
         if unseeded:
             q.exponential_()
-        for i, generator in enumerate(generators):
-            if generator is not None:
-                q[i].exponential_(generator=generator)
+        seeded = [i for i, g in enumerate(generators) if g is not None]
+        if len(seeded) > 1 and _fused_noise(q):
+            from vllm_lookahead.kernels.exponential_noise import exponential_rows, take_offsets
+
+            rows = torch.tensor(seeded, dtype=torch.int64).to(q.device, non_blocking=True)
+            exponential_rows(q, rows, *take_offsets([generators[i] for i in seeded], q.device))
+        else:
+            for i in seeded:
+                q[i].exponential_(generator=generators[i])
         return sample_with_exponential_noise(probs, q).tolist()
+
+
+def _fused_noise(q: torch.Tensor) -> bool:
+    """Whether the seeded rows of ``q`` are drawn in one launch
+    (:mod:`vllm_lookahead.kernels.exponential_noise`): float32 noise on a GPU with Triton (unless
+    ``VLLM_LOOKAHEAD_TREE_KERNEL=torch``), where the kernel's rows were found equal to torch's
+    ``exponential_`` bit for bit (checked once per vocabulary and device)."""
+    from vllm_lookahead.kernels import use_kernel
+
+    if q.dtype != torch.float32 or not q.is_cuda or not use_kernel(q):
+        return False
+    from vllm_lookahead.kernels.exponential_noise import usable
+
+    return usable(q.shape[1], q.device)
