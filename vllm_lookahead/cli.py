@@ -182,8 +182,6 @@ DEFAULT_SERVE_OPTIONS: tuple[ServeDefault, ...] = (
 # Environment defaults: set when unset or empty, for the bundled model on CPU only (1 GiB of KV
 # cache fits the 135M model; a named model's cache is sized by --gpu-memory-utilization instead).
 SERVE_ENV_DEFAULTS: dict[str, str] = {KV_CACHE_ENV: "1"}
-PLUGIN_NAME = "lookahead"  # this package's entry points in vLLM's plugin groups (pyproject.toml)
-PLUGINS_ENV = "VLLM_PLUGINS"  # vLLM's own switch: which plugins its processes load
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 _HELP_FLAGS = {"-h", "--help"}
@@ -208,7 +206,9 @@ class ServePlan:
         """One line for stderr: the defaults added and, for a named model, those left out."""
         added = " ".join(self.added) if self.added else "none"
         line = "vllm-lookahead serve: " + (
-            "" if self.speculation else "no speculative decoding, the plugin not loaded (patches nothing); "
+            ""
+            if self.speculation
+            else "no speculative decoding (stock vLLM, with the plugin's fix for seeded chunked prefills on CPU); "
         )
         line += f"defaults added: {added}"
         if self.left_out:
@@ -328,7 +328,10 @@ def plan_serve(
     (to the bundled or a named model, on this device) is appended unless the user gave the option,
     on the command line or in a ``--config`` file; :data:`SERVE_ENV_DEFAULTS` are set for the
     bundled model on CPU when ``env`` lacks them.  ``--no-speculation`` is ours: it is removed and
-    leaves the speculative config out (giving one as well raises :class:`ServeArgsError`).
+    leaves the speculative config out (giving one as well raises :class:`ServeArgsError`).  The
+    plugin stays loaded: an engine without lookahead runs stock vLLM, save the one fix every engine
+    of the process gets (a seeded request's chunked prefill no longer kills a CPU engine;
+    :mod:`vllm_lookahead.engine.hooks.seeded_prefill`), so a baseline serves the same traffic.
     """
     args, no_speculation = _without_own_flags(user_args)
     bundled = needs_default_model(args)
@@ -348,8 +351,6 @@ def plan_serve(
         elif not bundled and default.applies(True, on_cpu):
             left_out.append(default.shown())
     env_set, env_left_out = _env_defaults(bundled, on_cpu, env or {})
-    if no_speculation:
-        env_set[PLUGINS_ENV] = plugins_without_lookahead(env or {})
     head = ["serve", str(model_path)] if bundled else ["serve"]
     return ServePlan(
         argv=[*head, *args, *extra],
@@ -359,20 +360,6 @@ def plan_serve(
         bundled=bundled,
         speculation=not no_speculation,
     )
-
-
-def plugins_without_lookahead(env: Mapping[str, str], installed: Sequence[str] | None = None) -> str:
-    """``VLLM_PLUGINS`` for a server without lookahead: every vLLM plugin it would load but this one
-    (vLLM loads all when the variable is unset; an empty value loads none)."""
-    if env.get(PLUGINS_ENV) is not None:
-        names = env[PLUGINS_ENV].split(",")
-    elif installed is not None:
-        names = list(installed)
-    else:
-        from importlib.metadata import distributions
-
-        names = sorted({ep.name for d in distributions() for ep in d.entry_points if ep.group.startswith("vllm.")})
-    return ",".join(n for n in names if n and n != PLUGIN_NAME)
 
 
 def omp_binding_hint(env: Mapping[str, str], cores: Sequence[int]) -> str | None:
