@@ -176,10 +176,16 @@ def test_one_size_timed_slow_in_every_round_does_not_make_drafts_dear():
 
 # -- the rule -------------------------------------------------------------------------------
 def _opts(
-    lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1, fixed=0.0
+    lead=8, p=0.6, q=0.8, cands=(4, 4, 4), cand_gain=0.1, cols=(3, 4, 4), col_gain=0.1, fixed=0.0, per_accepted=0.0
 ) -> DraftOptions:
     return DraftOptions(
-        tuple(p * q**i for i in range(lead)), tuple(cands), cand_gain, tuple(cols), col_gain, fixed_seconds=fixed
+        tuple(p * q**i for i in range(lead)),
+        tuple(cands),
+        cand_gain,
+        tuple(cols),
+        col_gain,
+        fixed_seconds=fixed,
+        token_seconds=per_accepted,
     )
 
 
@@ -237,6 +243,22 @@ def test_a_request_drafts_only_where_its_draft_pays_the_price_of_verifying_its_t
     assert plan_step([replace(column, fixed_seconds=0.05)], StepCost.linear(0.060, 0.0)) == [DraftPlan()]
 
 
+def test_a_sampled_request_pays_for_sampling_each_token_it_expects_accepted():
+    """Sampling the token after each accepted one (a sampled request's walk) costs per expected
+    accepted token, not per tree: a lead's likely first token still pays, its unlikely tail no
+    longer does, and a price above what a token saves the batch drafts nothing."""
+    cost = StepCost.linear(0.060, 0.002)  # ~8 in flight on one core: 2 ms a draft token
+    others = [None] * 7
+    lead = _opts(lead=6, p=0.5, q=0.6, cands=(), cols=())
+    free = plan_step([*others, lead], cost)[-1].lead
+    priced = plan_step([*others, replace(lead, token_seconds=0.003)], cost)[-1].lead
+    assert 0 < priced < free
+    assert plan_step([*others, replace(lead, token_seconds=0.008)], cost)[-1] == DraftPlan()
+    column = _opts(lead=0, cands=(), cols=(3, 4, 4), col_gain=0.2)  # the window's pieces pay it too
+    assert plan_step([column], StepCost.linear(0.060, 0.0))[0].window_columns == 3
+    assert plan_step([replace(column, token_seconds=0.4)], StepCost.linear(0.060, 0.0)) == [DraftPlan()]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
@@ -249,6 +271,7 @@ def test_a_request_drafts_only_where_its_draft_pays_the_price_of_verifying_its_t
             st.integers(0, 4),
             st.floats(0, 1),
             st.floats(0, 0.01),
+            st.floats(0, 0.005),
         ),
         min_size=1,
         max_size=6,
@@ -268,8 +291,9 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
             cols=(2,) + (3,) * max(0, w - 1) if w else (),
             col_gain=cg,
             fixed=f,
+            per_accepted=s,
         )
-        for l, p, q, c, g, w, cg, f in reqs
+        for l, p, q, c, g, w, cg, f, s in reqs
     ]
     cost = StepCost.linear(base, per_token, tree_row=per_row)
     plans = plan_step(options, cost)
@@ -279,15 +303,17 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
         assert 0 <= plan.lead <= o.lead and plan.candidates <= len(o.candidate_rows)
         assert plan.window_columns <= len(o.window_column_rows)
         assert plan.candidates == 0 or plan.lead > 0
-        expected += sum(o.lead_gains[: plan.lead])
-        expected += plan.candidates * o.candidate_gain + plan.window_columns * o.window_column_gain
+        gained = sum(o.lead_gains[: plan.lead]) + plan.candidates * o.candidate_gain
+        gained += plan.window_columns * o.window_column_gain
+        expected += gained
+        fixed += gained * o.token_seconds  # sampling the token after each accepted one
         extra = sum(o.candidate_rows[: plan.candidates]) + sum(o.window_column_rows[: plan.window_columns])
         tokens += plan.lead + extra
         fixed += o.fixed_seconds if plan.lead + extra > 0 else 0.0  # a request with a tree to verify
         # window column 0 below a bare root (no lead) is a chain: no tree rows
         rows += extra - (o.window_column_rows[0] if plan.lead == 0 and plan.window_columns else 0)
     # Every piece was added only if it raised expected tokens per second, and a drafting step pays
-    # each drafting request's verification too.
+    # each drafting request's verification and its accepted tokens' sampling too.
     spent = cost.forward(tokens, rows) + fixed
     assert expected / spent >= n / cost.forward(n) * (1 - 1e-9)
 

@@ -23,9 +23,18 @@ def test_a_decayed_ratio_is_a_mean_per_unit_that_forgets_the_past_geometrically(
     assert r.ratio == pytest.approx(5.0)
 
 
+def _tree(greedy: bool, seconds: float, accepted: int = 0, sampling_seconds: float = 0.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        greedy=greedy, seconds=seconds, path=list(range(1, accepted + 1)), sampling_seconds=sampling_seconds
+    )
+
+
 def test_each_verified_tree_prices_its_kind_and_leaves_the_forwards_clock(monkeypatch):
     """A tree's verification (greedy and sampled apart) is the draft rule's fixed price per
-    drafting request; the step's clock, which prices rows, no longer carries it."""
+    drafting request, a sampled walk's sampling a price per accepted token; the step's clock,
+    which prices rows, carries neither."""
     from types import SimpleNamespace
 
     import torch
@@ -47,18 +56,22 @@ def test_each_verified_tree_prices_its_kind_and_leaves_the_forwards_clock(monkey
             total_num_scheduled_tokens=4,
         )
     )
-    timing.verified([SimpleNamespace(greedy=False, seconds=0.003), SimpleNamespace(greedy=True, seconds=0.001)])
+    assert timing.token_seconds(False) == 0.0
+    # a sampled tree: 3 ms of its own, 2 ms sampling the tokens after its 2 accepted nodes
+    timing.verified([_tree(False, 0.003, accepted=2, sampling_seconds=0.002), _tree(True, 0.001, accepted=3)])
     timing.step_sampled(torch.zeros(1))
-    assert seen == [pytest.approx(0.016)]
+    assert seen == [pytest.approx(0.014)]
     assert timing.verify_seconds(False) == pytest.approx(0.003) and timing.verify_seconds(True) == pytest.approx(0.001)
-    for _ in range(200):  # decayed: recent trees weigh most
-        timing.verified([SimpleNamespace(greedy=False, seconds=0.002)])
+    assert timing.token_seconds(False) == pytest.approx(0.001) and timing.token_seconds(True) == 0.0
+    for _ in range(200):  # decayed: recent trees weigh most; a tree that accepted nothing sampled nothing
+        timing.verified([_tree(False, 0.002), _tree(False, 0.002, accepted=1, sampling_seconds=0.0015)])
     assert timing.verify_seconds(False) == pytest.approx(0.002, rel=1e-3)
+    assert timing.token_seconds(False) == pytest.approx(0.0015, rel=1e-3)
     timing.frozen = True  # tensor parallel: every rank must plan alike
-    assert timing.verify_seconds(False) == 0.0
+    assert timing.verify_seconds(False) == timing.token_seconds(False) == 0.0
     capped = StepTiming(LookaheadConfig(max_tokens_per_step=64))  # no draft rule: nothing priced
-    capped.verified([SimpleNamespace(greedy=False, seconds=0.003)])
-    assert capped.verify_seconds(False) == 0.0
+    capped.verified([_tree(False, 0.003, accepted=1, sampling_seconds=0.001)])
+    assert capped.verify_seconds(False) == capped.token_seconds(False) == 0.0
 
 
 def test_an_idle_request_may_rest_only_where_proposing_is_a_large_share_of_the_step():

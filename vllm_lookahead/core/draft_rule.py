@@ -301,6 +301,7 @@ class DraftOptions:
     window_column_rows: tuple[int, ...] = ()  # draft nodes of window column 0, 1, ...
     window_column_gain: float = 0.0  # expected (later) accepted tokens per column-step
     fixed_seconds: float = 0.0  # what drafting anything costs this request beyond its rows (verifying its tree)
+    token_seconds: float = 0.0  # what each accepted draft token costs beyond its rows (sampling the token after it)
 
     @property
     def lead(self) -> int:
@@ -345,7 +346,10 @@ def plan_step(
     what it adds to the batch's tokens per second.
     A request's own fixed price (``DraftOptions.fixed_seconds``: verifying its tree) is paid by
     its first draft token, which is taken only where some prefix of its lead pays that price
-    with its rows (or, without a lead, some prefix of its further pieces).
+    with its rows (or, without a lead, some prefix of its further pieces).  Its price per accepted
+    token (``DraftOptions.token_seconds``: a sampled request samples the token after every accepted
+    one, as vLLM's sampler samples each token without speculation) is paid by every piece in
+    proportion to its expected tokens: ``dT`` grows by ``g * token_seconds``.
     """
     n = len(options)
     tokens = float(n if base_tokens is None else base_tokens)
@@ -384,7 +388,7 @@ def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _S
         gain = -neg_gain
         o = options[r]
         assert o is not None
-        dt = cost.forward(step.tokens + 1, step.tree_rows) + step.fixed - step.time
+        dt = cost.forward(step.tokens + 1, step.tree_rows) + step.fixed - step.time + gain * o.token_seconds
         if i == 1 and o.fixed_seconds > 0:
             if not _lead_pays_its_price(o, cost, step):
                 continue
@@ -392,6 +396,7 @@ def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _S
             step.fixed += o.fixed_seconds
         elif gain * step.time <= step.expected * dt:
             continue  # this request's longer lead gains even less
+        step.fixed += gain * o.token_seconds
         lead[r] = i
         step.tokens += 1
         step.expected += gain
@@ -408,7 +413,7 @@ def _lead_pays_its_price(o: DraftOptions, cost: StepCost, step: _Step) -> bool:
     gained = 0.0
     for k, gain in enumerate(o.lead_gains, start=1):
         gained += gain
-        added = cost.forward(step.tokens + k, step.tree_rows) - bare + o.fixed_seconds
+        added = cost.forward(step.tokens + k, step.tree_rows) - bare + o.fixed_seconds + gained * o.token_seconds
         if gained * step.time > step.expected * added:
             return True
     return False
@@ -454,7 +459,7 @@ def _plan_branches(
         fixed = step.fixed + (o.fixed_seconds if lead[r] == 0 else 0.0)  # its first draft pays its price
         for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
             e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
-            ratio = e / (cost.forward(tok, rows_tree) + fixed)
+            ratio = e / (cost.forward(tok, rows_tree) + fixed + (e - step.expected) * o.token_seconds)
             if ratio > best:
                 best, best_at = ratio, k
         if best_at == 0:
@@ -468,6 +473,7 @@ def _plan_branches(
             step.tokens += rows
             step.tree_rows += 0 if chain else rows
             step.expected += gain
+            step.fixed += gain * o.token_seconds
         step.time = cost.forward(step.tokens, step.tree_rows) + step.fixed
     return cands
 

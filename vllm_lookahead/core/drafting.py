@@ -31,6 +31,7 @@ class DraftRequest:
     window: bool = True  # False: the verification branch only
     merge: bool | None = None  # trie-merge candidates sharing a prefix (None: the config's ablation setting)
     verify_seconds: float = 0.0  # what verifying its tree costs, whatever its size (the draft rule's price)
+    token_seconds: float = 0.0  # what each accepted token costs beyond its rows (sampling the next one)
 
 
 def draft_step(
@@ -50,7 +51,12 @@ def draft_step(
     if not requests:
         return []
     options = [
-        replace(r.state.draft_options(r.candidates, window=r.window), fixed_seconds=r.verify_seconds) for r in requests
+        replace(
+            r.state.draft_options(r.candidates, window=r.window),
+            fixed_seconds=r.verify_seconds,
+            token_seconds=r.token_seconds,
+        )
+        for r in requests
     ]
     plans = plan_step(options, cost, base_tokens=base_tokens)
     return [

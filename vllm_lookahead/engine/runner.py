@@ -328,7 +328,13 @@ class RunnerLookahead:
         greedy = eligibility.is_greedy(sp)
         merge = None if greedy else True
         return DraftRequest(
-            state, cands, room, window=not chain, merge=merge, verify_seconds=self.timing.verify_seconds(greedy)
+            state,
+            cands,
+            room,
+            window=not chain,
+            merge=merge,
+            verify_seconds=self.timing.verify_seconds(greedy),
+            token_seconds=self.timing.token_seconds(greedy),
         ), thinking
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:

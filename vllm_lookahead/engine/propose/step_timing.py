@@ -9,11 +9,15 @@ and is not refined, and neither price nor rest applies: every rank must build th
 no decision may rest on one rank's timings.
 
 Verification: each request's tree is verified on the host (its target distributions, the walk;
-:mod:`vllm_lookahead.engine.step.verification`) at a cost per request whatever the tree's size --
-a sampled request's ~0.4 ms on the 2-core CPU, a greedy one's ~0.07 ms -- which a price per row
-would miss: a one-token draft then costs as much to verify as a long one.  So that time is
-measured per verified tree (greedy and sampled apart), taken out of the step's clock, and handed
-to the draft rule as each drafting request's own fixed price (:meth:`StepTiming.verify_seconds`).
+:mod:`vllm_lookahead.engine.step.verification`) at a cost per request whatever the tree's size,
+which a price per row would miss: a one-token draft then costs as much to verify as a long one.
+So that time is measured per verified tree (greedy and sampled apart), taken out of the step's
+clock, and handed to the draft rule as each drafting request's own fixed price
+(:meth:`StepTiming.verify_seconds`).  A sampled walk's sampling passes are apart from it: each
+samples the token after an accepted node, as vLLM's sampler would in a later step without
+speculation (~1 ms per token for a 49k vocabulary on one core of the 2-core CPU, most of it the
+sampler's noise), so they are a price per accepted token (:meth:`StepTiming.token_seconds`), which
+the rule weighs against each piece's expected tokens.
 
 Idle requests: where proposing costs at least ``REST_MIN_SHARE`` of the bare forward, a request
 offered to the rule for nothing on two proposals running skips the next 1, 2, 4 ... up to
@@ -63,6 +67,7 @@ class StepTiming:
             True: DecayedRatio(VERIFY_DECAY),
             False: DecayedRatio(VERIFY_DECAY),
         }  # greedy or not: seconds per tree
+        self._sampled_token = DecayedRatio(VERIFY_DECAY)  # walk sampling seconds per accepted token
         self._verified_now = 0.0  # this step's verification time (kept out of the forward's clock)
         self._proposal_cost = DecayedRatio(PROPOSAL_DECAY)  # proposal seconds per request proposed for
 
@@ -105,15 +110,19 @@ class StepTiming:
         self.model().observe(tokens, rows, time.perf_counter() - start - verified)
 
     def verified(self, outcomes: Iterable[Any]) -> None:
-        """This step's trees verified (:class:`~vllm_lookahead.engine.step.verification.StepOutcome`): the host
-        time each
-        took feeds the verification price of its kind (greedy or sampled) and is kept out of
-        the step's time the forward-cost model learns from."""
+        """This step's trees verified (:class:`~vllm_lookahead.engine.step.verification.StepOutcome`):
+        the host time each took feeds the verification price of its kind (greedy or sampled), the
+        time a sampled walk took sampling the tokens after its accepted nodes the price per accepted
+        token (:meth:`token_seconds`), and both are kept out of the step's time the forward-cost
+        model learns from."""
         if not self.measuring or self.frozen:
             return
         for outcome in outcomes:
             self._verify[outcome.greedy].add(outcome.seconds)
-            self._verified_now += outcome.seconds
+            accepted = len(outcome.path)
+            if accepted and not outcome.greedy:
+                self._sampled_token.add(outcome.sampling_seconds, accepted)
+            self._verified_now += outcome.seconds + outcome.sampling_seconds
 
     def verify_seconds(self, greedy: bool) -> float:
         """What verifying one request's tree costs the host (greedy or sampled; 0 until
@@ -123,6 +132,18 @@ class StepTiming:
         if not self.measuring or self.frozen or per_tree is None:
             return 0.0
         return per_tree
+
+    def token_seconds(self, greedy: bool) -> float:
+        """What each accepted draft token of a sampled request costs the host beyond its rows: the
+        token after it is sampled from its row (temperature, top-k/top-p, the sampler's noise:
+        ~1 ms for a 49k vocabulary on one core of the 2-core CPU), work vLLM's sampler does for that
+        token in a later step without speculation -- so it is priced per expected accepted token,
+        not per tree.  0 for greedy requests (their match reads argmaxes the forward left), until
+        measured, outside the draft rule and under tensor parallelism."""
+        per_token = self._sampled_token.ratio
+        if greedy or not self.measuring or self.frozen or per_token is None:
+            return 0.0
+        return per_token
 
     def proposed_for(self, seconds: float, requests: int) -> None:
         """A proposal did the work of ``requests`` requests (observed, looked up, planned) in
@@ -164,10 +185,12 @@ class StepTiming:
         if self.cost is None:
             return
         logger.info(
-            "lookahead: the draft rule's step cost: %s; verifying a tree %.2f ms greedy, %.2f ms sampled",
+            "lookahead: the draft rule's step cost: %s; verifying a tree %.2f ms greedy, %.2f ms sampled "
+            "(+%.2f ms per accepted token, sampling the next)",
             self.cost.describe(),
             1e3 * self.verify_seconds(True),
             1e3 * self.verify_seconds(False),
+            1e3 * self.token_seconds(False),
         )
 
 

@@ -66,7 +66,8 @@ class StepOutcome:
     argmax: np.ndarray  # (num_nodes,) target argmax per node, -1 where no logits
     path: np.ndarray  # the accepted node ids, depth 1 down
     greedy: bool = True  # verified against the argmax (else sampled)
-    seconds: float = 0.0  # host time this request's verification took (its target distribution, the walk)
+    seconds: float = 0.0  # host time this request's verification took beyond sampling its tokens
+    sampling_seconds: float = 0.0  # host time its walk took sampling the tokens after accepted ones
 
     @property
     def num_accepted(self) -> int:
@@ -171,7 +172,9 @@ def verify_trees(
             if node != depth:
                 src_slots.append(tr.token_start + node)
                 dst_slots.append(tr.token_start + depth)
-        outcomes[tr.req_id] = StepOutcome(tr.draft, tr.num_nodes, item.argmax, path, item.greedy, item.seconds)
+        outcomes[tr.req_id] = StepOutcome(
+            tr.draft, tr.num_nodes, item.argmax, path, item.greedy, item.seconds, item.sampling_seconds
+        )
     _compact(batch, src_slots, dst_slots)
     return TreesVerified(outputs, outcomes, items)
 
@@ -211,7 +214,8 @@ class _Verifying:
     root_token: int  # vLLM's own sample after the root
     path: np.ndarray | None = None  # the accepted node ids, depth 1 down (None: its walk is still to come)
     last: int = -1  # the token after them (bonus or residual sample)
-    seconds: float = 0.0  # host time spent on it
+    seconds: float = 0.0  # host time spent on it (its rows, its target distribution, the greedy match)
+    sampling_seconds: float = 0.0  # host time its walk spent sampling tokens after accepted nodes
     _sampling: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def row_of(self, node: int) -> int:
@@ -341,7 +345,10 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying])
     (:func:`~vllm_lookahead.core.sampling.coupled_walks`): the root's token is the one vLLM's
     sampler drew, each accepted node's next token drawn with the noise that sampler would draw
     for that position -- a seeded request emits vLLM's own tokens -- one sampling pass per
-    position over every walk still going, its time shared among their requests."""
+    position over every walk still going, its time shared among their requests.  That time is each
+    request's ``sampling_seconds``, apart from its other verification: every pass samples a token
+    that vLLM's sampler would sample in a later step without speculation, so it is a price per
+    accepted token, not per tree (:meth:`~vllm_lookahead.engine.propose.step_timing.StepTiming.token_seconds`)."""
     if not items:
         return
     assert noise is not None
@@ -356,7 +363,7 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying])
         tokens = noise.sample_rows(rows, [sm.generators.get(item.tr.batch_index) for item, _ in walking])
         share = (time.perf_counter() - t0) / len(reached)
         for item, _ in walking:
-            item.seconds += share
+            item.sampling_seconds += share
         return tokens
 
     walked = coupled_walks([(item.tr.tree, item.root_token) for item in items], sample_after)
