@@ -5,8 +5,8 @@
 #                  in .venv that depends on pyproject.toml and this Makefile)
 #   make model     prepare the bundled SmolLM2-135M-Instruct model, print its path
 #   make serve     serve it with lookahead decoding on 127.0.0.1:$(PORT)
-#   make test      lint (ruff check, ruff format --check), then the test suite: the engine tests
-#                  and, beside them, the rest (PYTEST_ARGS='-k foo -x': one pytest with those)
+#   make test      lint (ruff check, ruff format --check), then the test suite (extra pytest
+#                  arguments: PYTEST_ARGS='-k foo -x')
 #   make test-fast lint, then the tests that start no engine (unit, property, kernel, repository)
 #   make lint      ruff check and ruff format --check (make format rewrites the code in place)
 #   make bench     the side-by-side benchmark: python -m benchmarks $(BENCH_ARGS)
@@ -93,22 +93,10 @@ format: install
 	$(VENV)/bin/ruff check --fix $(LINTED)
 	$(VENV)/bin/ruff format $(LINTED)
 
-# Without PYTEST_ARGS, the tests that start no engine run in a second pytest process beside the
-# engine tests (their output follows): vLLM's CPU default binds a toy engine's threads to one
-# core, so on a 2-core machine the other one is mostly free.  With PYTEST_ARGS, one process.
 test: lint install model services
-	@if [ -n "$(PYTEST_ARGS)" ]; then \
-		rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
-		if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
-		exit $$rc; \
-	fi; \
-	log=$$(mktemp); \
-	$(VPY) -m pytest -q -p no:cacheprovider --ignore=tests/engine tests >$$log 2>&1 & other=$$!; \
-	rc=0; $(VPY) -m pytest -q tests/engine || rc=$$?; \
-	orc=0; wait $$other || orc=$$?; \
-	echo "=== make test: the tests that start no engine (run beside the engine tests) ==="; cat $$log; rm -f $$log; \
-	for r in $$rc $$orc; do if [ $$r -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; done; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$orc
+	@rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
+	exit $$rc
 
 FAST_TESTS := tests/unit tests/test_kernels_interpreted.py tests/test_repository_voice.py tests/test_packaging.py \
 	tests/test_code_structure.py
