@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.methods import Method, parse_method
 from benchmarks.serving.client import METRICS, Client, LoadPoint, Sampling, bench_argv
-from benchmarks.serving.server import Server
+from benchmarks.serving.server import Server, histogram_means_ms
 from benchmarks.serving.workloads import write_dataset
 
 SUMMARY_KEYS = (
@@ -156,8 +156,10 @@ def _point(
         server.base, plan.served_model, plan.model, dataset, point, sampling, result, plan.goodput, warmups
     )
     try:
+        before = server.histogram_totals()
         data = target.client.run(argv, result)
-    except RuntimeError as exc:
+        server_ms = histogram_means_ms(before, server.histogram_totals())
+    except (RuntimeError, OSError) as exc:  # OSError: the server's /metrics did not answer
         raise RuntimeError(f"{name}: {exc}\nserver log ({server.log_path}):\n{server.tail(15)}") from None
     summary = {k: data.get(k) for k in SUMMARY_KEYS}
     for metric in METRICS:
@@ -176,6 +178,9 @@ def _point(
         "concurrency": point.concurrency,
         "summary": summary,
         "texts": data.get("generated_texts", []),
+        # each request's TTFT (ms), in the dataset's order: the same request at the same moment in every method
+        "ttfts": [1e3 * t for t in data.get("ttfts", [])],
+        "server_ms": server_ms,
         "allocator": server.allocator,
     }
     with open(plan.out / "runs.jsonl", "a") as f:

@@ -10,7 +10,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving.summary import LATENCY, REFERENCE, THROUGHPUT, absolute, outputs_compared, ratios
+from benchmarks.serving.server import SERVER_HISTOGRAMS
+from benchmarks.serving.summary import (
+    LATENCY,
+    REFERENCE,
+    THROUGHPUT,
+    absolute,
+    outputs_compared,
+    paired_ttft,
+    ratios,
+    server_split,
+)
 
 COLUMNS = (
     ("output_throughput", "tok/s"),
@@ -83,10 +93,56 @@ def to_markdown(raw: dict[str, Any]) -> str:
                     f"| {point} | " + " | ".join(str(cell[m]) if m in cell else "-" for m, _ in COLUMNS) + " |"
                 )
             lines.append("")
+        lines += _ttft_table(runs, methods, workload, sampling, points)
     lines += ["## Outputs", "", "| method | sampling | identical to no speculation |", "|---|---|---|"]
     for (method, sampling), (same, total) in sorted(outputs_compared(runs).items()):
         lines.append(f"| {method} | {sampling} | {same} / {total} |")
     return "\n".join(lines) + "\n"
+
+
+def _ttft_table(runs: list[dict[str, Any]], methods: list[str], workload: str, sampling: str, points: list[str]):
+    """Time to first token request by request against no speculation, and the server's split of it."""
+    paired, split = paired_ttft(runs), server_split(runs)
+    if not split and not paired:
+        return []
+    mean = {m: absolute(runs, m) for m in methods}
+    lines = [
+        "Time to first token (ms): the client's mean; each request's minus the same request's without speculation "
+        "(mean ± standard error over the requests of every round); and the server's means over requests from "
+        "vLLM's histograms -- from its arrival at the API server to its first token, split into the time before the "
+        "scheduler took it (input processing, and the step in progress when it arrived: the engine takes new "
+        "requests between steps), queued (to its first scheduled step) and prefill (from that step's start to its "
+        "first token, the steps of its prompt); the saturated point's include its 4 warm-up requests:",
+        "",
+        "| method | load | TTFT | against no speculation | server: to first token | before the scheduler | queued "
+        "| prefill |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for method in methods:
+        for point in points:
+            cell = mean[method].get((workload, sampling, point), {})
+            key = (method, workload, sampling, point)
+            diff = paired.get(key)
+            server = split.get(key, {})
+            lines.append(
+                f"| {method} | {point} | "
+                + " | ".join(
+                    [
+                        f"{cell['mean_ttft']:.1f}" if cell.get("mean_ttft") is not None else "-",
+                        str(diff) if diff is not None else "-",
+                        *(f"{v:.1f}" if v is not None else "-" for v in _server_columns(server)),
+                    ]
+                )
+                + " |"
+            )
+    return [*lines, ""]
+
+
+def _server_columns(server: dict[str, float]) -> list[float | None]:
+    """To first token, before the scheduler (the rest), queued, prefill: ms, None where not measured."""
+    ttft, queued, prefill = (server.get(h) for h in SERVER_HISTOGRAMS)
+    before = ttft - queued - prefill if None not in (ttft, queued, prefill) else None
+    return [ttft, before, queued, prefill]
 
 
 def _absolute_table(base: dict, workload: str, sampling: str, points: list[str]) -> list[str]:

@@ -20,6 +20,42 @@ from pathlib import Path
 from benchmarks.engine_env import engine_env
 from benchmarks.methods import Method, engine_arguments
 
+# vLLM's per-request histograms that split a request's time to first token on the server:
+# arrival to first token (API server), waiting to be scheduled (engine core: the step in
+# progress when it arrived, or a queue), and from its first scheduled step to its first token.
+SERVER_HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+)
+
+
+def histogram_totals(text: str, names: tuple[str, ...] = SERVER_HISTOGRAMS) -> dict[str, tuple[float, float]]:
+    """(sum, count) of each histogram ``names`` in a Prometheus text exposition, over its label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {name: [0.0, 0.0] for name in names}
+    for family in text_string_to_metric_families(text):
+        if family.name not in totals:
+            continue
+        for sample in family.samples:
+            if sample.name == family.name + "_sum":
+                totals[family.name][0] += sample.value
+            elif sample.name == family.name + "_count":
+                totals[family.name][1] += sample.value
+    return {name: (s, c) for name, (s, c) in totals.items()}
+
+
+def histogram_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float | None]:
+    """Each histogram's mean (ms) over the observations between two :func:`histogram_totals`."""
+    means: dict[str, float | None] = {}
+    for name, (s1, c1) in after.items():
+        s0, c0 = before.get(name, (0.0, 0.0))
+        means[name] = 1e3 * (s1 - s0) / (c1 - c0) if c1 > c0 else None
+    return means
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -84,6 +120,10 @@ class Server:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.base + "/metrics", timeout=30) as r:
             return r.read().decode()
+
+    def histogram_totals(self) -> dict[str, tuple[float, float]]:
+        """Each of :data:`SERVER_HISTOGRAMS`' (sum, count) now, summed over label sets."""
+        return histogram_totals(self.metrics())
 
     def tail(self, lines: int = 40) -> str:
         try:

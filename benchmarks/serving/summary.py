@@ -6,6 +6,12 @@ for TTFT, TPOT, ITL and end-to-end latency (mean and p99), the method's output t
 goodput over no speculation's.  Over rounds: the mean and the spread (lowest, highest).
 Outputs: the texts each request got, compared with no speculation's of the same round and point
 (greedy requests must match; seeded sampled ones return vLLM's own tokens).
+
+Time to first token is also compared request by request (:func:`paired_ttft`): every method gets
+the same requests at the same moments, so the difference of one request's TTFT from no
+speculation's removes most of what moves a point's mean between rounds (where in a step the
+request arrived, how long its prompt is); and the server's split of it (:func:`server_split`):
+waiting to be scheduled and from its first step to its first token.
 """
 
 from __future__ import annotations
@@ -18,6 +24,18 @@ from typing import Any
 LATENCY = tuple(f"{stat}_{metric}" for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "p99"))
 THROUGHPUT = ("output_throughput", "request_goodput")
 REFERENCE = "no-spec"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A method's per-request TTFT minus no speculation's, over the requests of every round (ms)."""
+
+    mean: float
+    stderr: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:+.1f} ± {self.stderr:.1f}"
 
 
 @dataclass(frozen=True)
@@ -79,4 +97,32 @@ def absolute(runs: list[dict[str, Any]], method: str = REFERENCE) -> dict[tuple[
         for metric, value in run["summary"].items():
             if isinstance(value, (int, float)):
                 cells[(run["workload"], run["sampling"], run["point"])][metric].append(float(value))
+    return {k: {m: statistics.fmean(v) for m, v in cell.items()} for k, cell in cells.items()}
+
+
+def paired_ttft(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], Paired]:
+    """(method, workload, sampling, point) -> :class:`Paired`: each request's TTFT minus the same
+    request's without speculation in the same round, pooled over rounds."""
+    reference = {_key(r): r.get("ttfts") or [] for r in runs if r["method"] == REFERENCE}
+    diffs: dict[tuple, list[float]] = defaultdict(list)
+    for run in runs:
+        base = reference.get(_key(run))
+        if run["method"] == REFERENCE or not base or not run.get("ttfts"):
+            continue
+        diffs[(run["method"], run["workload"], run["sampling"], run["point"])] += [
+            ours - theirs for ours, theirs in zip(run["ttfts"], base)
+        ]
+    return {
+        key: Paired(statistics.fmean(d), statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else float("nan"), len(d))
+        for key, d in diffs.items()
+    }
+
+
+def server_split(runs: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, float]]:
+    """(method, workload, sampling, point) -> server histogram -> its mean (ms), over rounds."""
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for name, value in (run.get("server_ms") or {}).items():
+            if value is not None:
+                cells[(run["method"], run["workload"], run["sampling"], run["point"])][name].append(value)
     return {k: {m: statistics.fmean(v) for m, v in cell.items()} for k, cell in cells.items()}

@@ -63,7 +63,12 @@ def test_the_serving_benchmark_runs_every_stage(toy_model, tmp_path):
     saturated = [r for r in runs if r["point"] == "saturated"]
     assert all(r["concurrency"] == 4 and r["summary"]["completed"] == 8 for r in saturated)
     assert all(r["summary"]["completed"] == 6 for r in runs if r["point"] != "saturated")
+    # every request's TTFT, and the server's split of it from vLLM's histograms, at every point
+    assert all(len(r["ttfts"]) == r["summary"]["completed"] for r in runs)
+    assert all(all(v is not None and v >= 0 for v in r["server_ms"].values()) for r in runs)
+    assert all(len(r["server_ms"]) == 3 for r in runs)
     text = (out / "results.md").read_text()
+    assert "| server: to first token | before the scheduler | queued | prefill |" in text
     assert "**lookahead W7 N5 G7 max_tokens_per_step=0** against no speculation" in text
     # seeded sampled requests: the texts no speculation returns, request by request
     assert "| lookahead W7 N5 G7 max_tokens_per_step=0 | T=0.7 | 20 / 20 |" in text, text

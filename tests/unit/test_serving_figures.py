@@ -10,7 +10,8 @@ from benchmarks.methods import parse_method
 from benchmarks.serving.client import LoadPoint, Sampling
 from benchmarks.serving.plan import Plan, round_order
 from benchmarks.serving.report import to_csv, to_markdown
-from benchmarks.serving.summary import absolute, outputs_compared, ratios
+from benchmarks.serving.server import SERVER_HISTOGRAMS, histogram_means_ms, histogram_totals
+from benchmarks.serving.summary import absolute, outputs_compared, paired_ttft, ratios, server_split
 
 
 def _run(rnd, method, tpot, tok_s, texts, point="50% of saturation", rate=0.5):
@@ -90,3 +91,48 @@ def test_load_points_follow_the_saturation_and_rounds_reverse_the_order():
     methods = [parse_method(m) for m in ("none", "ngram", "lookahead")]
     assert [m.label for m in round_order(methods, 1)] == [m.label for m in reversed(methods)]
     assert round_order(methods, 2) == methods
+
+
+EXPOSITION = """\
+# HELP vllm:request_queue_time_seconds Histogram of time spent in WAITING phase for request.
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 3.0
+vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:request_queue_time_seconds_sum{engine="1",model_name="m"} 0.25
+vllm:request_queue_time_seconds_count{engine="1",model_name="m"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+"""
+
+
+def test_server_histograms_are_summed_over_engines_and_differenced_over_a_point():
+    totals = histogram_totals(EXPOSITION)
+    queued = SERVER_HISTOGRAMS[1]
+    assert totals[queued] == (0.75, 5.0)
+    assert totals[SERVER_HISTOGRAMS[0]] == (0.0, 0.0)  # absent: nothing observed
+    after = {**totals, queued: (1.75, 7.0)}
+    means = histogram_means_ms(totals, after)
+    assert means[queued] == pytest.approx(500.0) and means[SERVER_HISTOGRAMS[0]] is None
+
+
+def test_ttft_is_paired_request_by_request_and_the_report_shows_the_split():
+    runs = [dict(r, ttfts=[100.0, 200.0, 300.0]) for r in RUNS]
+    runs[1] = dict(runs[1], ttfts=[110.0, 230.0, 290.0], server_ms={SERVER_HISTOGRAMS[1]: 40.0})
+    runs[2] = dict(runs[2], ttfts=[100.0, 210.0, 330.0], server_ms={SERVER_HISTOGRAMS[1]: 60.0})
+    (cell,) = paired_ttft(runs).values()
+    diffs = [10.0, 30.0, -10.0, 0.0, 10.0, 30.0]  # rounds 0 and 1, each against its own round
+    assert cell.n == 6 and cell.mean == pytest.approx(sum(diffs) / 6)
+    assert str(cell).startswith("+11.7 ± ")
+    (split,) = server_split(runs).values()
+    assert split == {SERVER_HISTOGRAMS[1]: 50.0}
+    text = to_markdown(
+        {
+            "plan": {"model": "m", "max_num_seqs": 4, "max_tokens": 16, "requests": 2},
+            "runs": runs,
+            "saturation": {"chat/greedy": 1.0},
+        }
+    )
+    assert "| lookahead | 50% of saturation | 130.0 | +11.7 ± " in text and "| - | - | 50.0 | - |" in text
