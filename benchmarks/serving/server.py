@@ -21,8 +21,9 @@ from benchmarks.engine_env import engine_env
 from benchmarks.methods import Method, engine_arguments
 
 # vLLM's per-request histograms that split a request's time to first token on the server:
-# arrival to first token (API server), waiting to be scheduled (engine core: the step in
-# progress when it arrived, or a queue), and from its first scheduled step to its first token.
+# arrival to first token (API server); queued, from the scheduler taking it (between two steps:
+# the step in progress when it arrived is not in it) to its first scheduled step; and prefill,
+# from that step's start to its first token.
 SERVER_HISTOGRAMS = (
     "vllm:time_to_first_token_seconds",
     "vllm:request_queue_time_seconds",

@@ -10,8 +10,8 @@ Outputs: the texts each request got, compared with no speculation's of the same 
 Time to first token is also compared request by request (:func:`paired_ttft`): every method gets
 the same requests at the same moments, so the difference of one request's TTFT from no
 speculation's removes most of what moves a point's mean between rounds (where in a step the
-request arrived, how long its prompt is); and the server's split of it (:func:`server_split`):
-waiting to be scheduled and from its first step to its first token.
+request arrived, how long its prompt is); and the server's split of it (:func:`server_split`,
+the histograms of :data:`~benchmarks.serving.server.SERVER_HISTOGRAMS`).
 """
 
 from __future__ import annotations
