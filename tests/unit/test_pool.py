@@ -258,7 +258,7 @@ def test_seeded_pool_behaves_as_the_text_added_ngram_by_ngram(
     for op in ops:
         assert _observed(seeded, op) == _observed(added, op)
     assert snapshot(seeded, 5) == snapshot(added, 5)
-    for key in list(added._table):  # every key's continuations with their sources and counts
+    for key in added.keys():  # every key's continuations with their sources and counts
         assert seeded.get_sourced(key, 100) == added.get_sourced(key, 100)
         assert [seeded.support(key, t) for t in range(5)] == [added.support(key, t) for t in range(5)]
 
@@ -287,7 +287,7 @@ def test_seeded_prompt_with_more_keys_than_the_pool(prompt, ngram_size, guess_se
     seeded.seed(prompt)
     added.add_sequence(prompt, source=Source.PROMPT)
     assert seeded.num_keys == added.num_keys and len(seeded) >= len(added)
-    for key in list(added._table):
+    for key in added.keys():
         ours, theirs = seeded.get_sourced(key, 100), added.get_sourced(key, 100)
         assert ours[: len(theirs)] == theirs
     assert seeded.num_keys == added.num_keys

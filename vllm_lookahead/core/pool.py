@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .ngram_keys import key_name, key_names, key_tokens
 from .prompt_ngrams import PromptNgrams
 from .source import Source
 
@@ -80,14 +81,15 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        # key -> its continuations, least recent first (Held)
+        # key name (.ngram_keys) -> its continuations (Held), least recent key first (an
+        # OrderedDict: a plain dict's first key costs a scan past every key taken out before it)
         self._table: OrderedDict[object, Held] = OrderedDict()
         self._count = 0
         self._prompt: PromptNgrams | None = None  # a seeded text's keys not yet in the table (seed)
         self._prompt_source = int(Source.PROMPT)
 
     def _key(self, tokens: Sequence[int]) -> object:
-        return int(tokens[0]) if self.context == 1 else tuple(map(int, tokens))
+        return int(tokens[0]) if self.context == 1 else key_name(list(map(int, tokens)))
 
     def add(self, ngram: Sequence[int], source: Source = Source.OUTPUT) -> None:
         """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value.
@@ -165,13 +167,20 @@ class NgramPool:
             return
         seq = int_list(tokens[first:])
         src = int(source)
-        store = self._store
-        if c == 1:
-            for p in range(len(seq) - n + 1):
-                store(seq[p], tuple(seq[p + 1 : p + n]), src)
-        else:
-            for p in range(len(seq) - n + 1):
-                store(tuple(seq[p : p + c]), tuple(seq[p + c : p + n]), src)
+        count = len(seq) - n + 1
+        # each n-gram's key name and continuation, made by zip (no slice per n-gram); _store inlined
+        values = zip(*(seq[i : i + count] for i in range(c, n)))
+        table, new_key, limit, grown = self._table, self._new_key, self.guess_set_size, 0
+        move = table.move_to_end
+        for key, value in zip(key_names(seq, c, count), values):
+            held = table.get(key)
+            if held is None:
+                held = new_key(key)
+            else:
+                move(key)
+            table[key] = added = _added(held, value, src, limit)
+            grown += len(added) - len(held)
+        self._count += grown
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
@@ -215,6 +224,11 @@ class NgramPool:
         if isinstance(key, (int, np.integer)) or len(key) < self.context:
             return None
         return self._key(key[len(key) - self.context :])
+
+    def keys(self) -> list[tuple[int, ...]]:
+        """The keys stored so far, least recent first, as tokens (a seeded text's keys not
+        touched yet left out)."""
+        return [key_tokens(name, self.context) if self.context > 1 else (name,) for name in self._table]
 
     def __len__(self) -> int:
         return self._count + (self._prompt.num_ngrams if self._prompt is not None else 0)

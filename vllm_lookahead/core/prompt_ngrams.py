@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-_NAME_BITS = 21
+from .ngram_keys import NAME_BITS, key_tokens
 
 
 def _words(columns: np.ndarray, bits: int) -> list[np.ndarray]:
@@ -55,9 +55,10 @@ class PromptNgrams:
     def __init__(self, tokens: Sequence[int], context: int, span: int, guess_set_size: int, max_keys: int) -> None:
         seq = np.asarray(tokens, dtype=np.int64)
         self._rows: dict[object, int] = {}  # key name (_name) -> its row in _starts (keys not yet taken)
-        # a key of 2 or 3 tokens is named by one int, its tokens 21 bits apart (any vocabulary
-        # under 2M tokens): made in numpy for a whole prompt, where tuples cost ~1 us each
-        self._packed = 1 < context <= 3 and (len(seq) == 0 or int(seq.max()) < 1 << _NAME_BITS)
+        # a key of 2 or 3 tokens is named by one int as the pool names it (.ngram_keys), made in
+        # numpy for a whole prompt, where tuples cost ~1 us each
+        self._context = context
+        self._packed = 1 < context <= 3 and (len(seq) == 0 or int(seq.max()) < 1 << NAME_BITS)
         self._by_age: Iterator[object] = iter(())
         self.num_ngrams = 0  # continuations the pool would hold for the keys not yet taken
         if len(seq) < span or guess_set_size == 0:
@@ -81,25 +82,28 @@ class PromptNgrams:
         self.num_ngrams = int(held[keep].sum())
         first = order[starts[keep]]  # an occurrence of each kept key, least recently said first
         if self._packed:
-            names = _words(windows[first, :context], _NAME_BITS)[0].tolist()
+            names = _words(windows[first, :context], NAME_BITS)[0].tolist()
         elif context == 1:
             names = windows[first, 0].tolist()
         else:
             names = list(map(tuple, windows[first, :context].tolist()))
         self._rows = dict(zip(names, keep.tolist()))
-        self._by_age = iter(names)  # the order an LRU evicts them in
-        self._held = held.tolist()
+        # the order an LRU evicts them in; int names (and the counts below) in numpy arrays, which
+        # the garbage collector does not traverse as it does a list of a prompt's keys
+        self._by_age = iter(names if context > 1 and not self._packed else np.asarray(names, dtype=np.int64))
+        self._held = held
         self._starts = np.append(starts, len(order))
         self._order = order
         self._values = windows[:, context:]
 
     def _name(self, key: object) -> object:
-        """A pool key's name here (None: a key the prompt cannot have said)."""
-        if not self._packed:
+        """A pool key's name here (the pool's own name of it, :mod:`.ngram_keys`; None: a key the
+        prompt cannot have said)."""
+        if self._context == 1:
             return key
-        a, b, *c = key  # type: ignore[misc]
-        name = a | b << _NAME_BITS | (c[0] << 2 * _NAME_BITS if c else 0)
-        return None if (a | b | name >> 2 * _NAME_BITS) >> _NAME_BITS else name
+        if self._packed:  # every prompt token packs: a key kept as a tuple has a token it never said
+            return key if isinstance(key, int) else None
+        return key_tokens(key, self._context)
 
     def __len__(self) -> int:
         """Keys not yet taken."""
@@ -116,7 +120,7 @@ class PromptNgrams:
         """:meth:`peek`, the key forgotten here (the pool holds it from now on)."""
         row = self._rows.pop(self._name(key), None)
         if row is not None:
-            self.num_ngrams -= self._held[row]
+            self.num_ngrams -= int(self._held[row])
         return self._said(row)
 
     def _said(self, row: int | None) -> list[tuple[int, ...]] | None:
@@ -129,8 +133,8 @@ class PromptNgrams:
         """Forget the key said least recently of those not taken (a full pool's LRU victim: every
         key the pool touched since is more recent)."""
         for name in self._by_age:
-            row = self._rows.pop(name, None)
+            row = self._rows.pop(name.item() if isinstance(name, np.generic) else name, None)
             if row is not None:
-                self.num_ngrams -= self._held[row]
+                self.num_ngrams -= int(self._held[row])
                 return
         raise LookupError("no key left")
