@@ -67,6 +67,7 @@ def _lookahead_cell(
         "step_s": _stats(total),
         "request_s": _stats(total / np.maximum(1, times.decoding)),
         "phases_s": {p: _stats(times.seconds[p]) for p in PHASES},
+        "collector_s": _stats(times.collector),
         "draft_tokens_per_step": float(np.mean(times.draft_tokens)),
         "tokens_per_request_step": sum(times.emitted) / max(1, sum(times.decoding)),
     }
@@ -142,7 +143,8 @@ def _line(cell: dict) -> str:
     where = f"context {cell['context']:>5} batch {cell['batch']:>4} T={cell.get('temperature', 0):g}"
     parts = [
         f"{where}: lookahead {_ms(la['step_s']['p50'])} ms/step p50 "
-        f"({_ms(la['step_s']['p99'])} p99), {1e6 * la['request_s']['p50']:.1f} us/request"
+        f"({_ms(la['step_s']['p99'])} p99, GC {_ms(la['collector_s']['mean'])} mean), "
+        f"{1e6 * la['request_s']['p50']:.1f} us/request"
     ]
     for name in ANCHORS:
         if name in cell:
@@ -172,7 +174,8 @@ def markdown(result: dict) -> str:
             if anchors
             else ""
         )
-        + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen.  "
+        + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen; "
+        "`of which GC`: its collections within the step's phases, ms per step (mean / p50 / p99).  "
         "vLLM's proposers are run greedy only: their host work does not depend on the temperature.",
         "",
         "| "
@@ -182,6 +185,7 @@ def markdown(result: dict) -> str:
                 "batch",
                 "T",
                 "lookahead ms/step",
+                "of which GC",
                 "us/request",
                 *PHASES,
                 "draft tokens/step",
@@ -190,7 +194,7 @@ def markdown(result: dict) -> str:
             ]
         )
         + " |",
-        "|" + "---|" * (7 + len(PHASES) + len(anchors)),
+        "|" + "---|" * (8 + len(PHASES) + len(anchors)),
     ]
     for c in result["cells"]:
         la = c["lookahead"]
@@ -199,6 +203,7 @@ def markdown(result: dict) -> str:
             str(c["batch"]),
             f"{c.get('temperature', 0):g}",
             _spread(la["step_s"]),
+            _spread(la["collector_s"]) if "collector_s" in la else "-",
             f"{1e6 * la['request_s']['p50']:.1f}",
             *(_ms(la["phases_s"][p]["p50"]) for p in PHASES),
             f"{la['draft_tokens_per_step']:.1f}",

@@ -32,6 +32,7 @@ on a server.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -50,11 +51,36 @@ BLOCK_SIZE = 16
 HEADS, KV_HEADS, HEAD_SIZE = 32, 8, 128
 
 
+class CollectorClock:
+    """Seconds the garbage collector has run in this process since :meth:`install` (a
+    ``gc.callbacks`` pair: every collection, of any generation, timed from start to stop)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def install(self) -> CollectorClock:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+        return self
+
+    def remove(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
 @dataclass
 class StepTimes:
     """Seconds per phase of every measured step, and what each step carried."""
 
     seconds: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    collector: list[float] = field(default_factory=list)  # of the phases' seconds, the garbage collector's
     decoding: list[int] = field(default_factory=list)  # requests decoding (not prefilling) per step
     draft_tokens: list[int] = field(default_factory=list)  # draft tokens the step ran
     emitted: list[int] = field(default_factory=list)  # tokens the decoding requests emitted
@@ -163,6 +189,7 @@ class LookaheadReplay:
         self.runner.requests = self.served.requests
         self.runner.input_batch.req_ids = self.served.req_ids
         self._drafts: list[list[int]] = [[] for _ in range(batch)]
+        self.collector = CollectorClock().install()  # how much of the phases the garbage collector took
 
     # -- one step ------------------------------------------------------------------------
     def step(self, times: StepTimes | None) -> None:
@@ -196,58 +223,69 @@ class LookaheadReplay:
             scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
         )
         clock: dict[str, float] = {}
+        collected = [0.0]  # the garbage collector's seconds within the phases
+        now = self._now
 
-        t = time.perf_counter()
+        def lap(phase: str, since: tuple[float, float]) -> None:
+            clock[phase] = time.perf_counter() - since[0]
+            collected[0] += self.collector.seconds - since[1]
+
+        t = now()
         state.on_update_states(sched)
-        clock["update"] = time.perf_counter() - t
+        lap("update", t)
 
-        t = time.perf_counter()
+        t = now()
         state.on_prepare_inputs(sched, (None, None, 0))
         batch = state.batch
-        clock["tree batch"] = time.perf_counter() - t
+        lap("tree batch", t)
 
-        t = time.perf_counter()
+        t = now()
         if batch is not None and batch.needs_tree_attention:
             kernel_plan(batch, HEADS, KV_HEADS, HEAD_SIZE, torch.bfloat16)
-        clock["attention"] = time.perf_counter() - t
+        lap("attention", t)
 
         roots = self._roots()  # vLLM's sample at every root (the device's)
         outputs: list[list[int]] = [[r] for r in roots]
-        t = time.perf_counter()
+        t = now()
         if batch is not None:
             state.batch = None  # taken by the step's sampling, as in the engine
             argmax, kept = self._tree_outputs(batch)  # the device's: every node's argmax, sampled rows
-            t = time.perf_counter()
+            t = now()
             verified = verify_trees(
                 self._sm, batch, plan_trees(runner.requests, self._sm, batch), kept, argmax, roots, self._noise
             )
             state.on_verified(verified.outcomes)
             verified.token_grid(max(len(o) for o in verified.outputs))
             outputs = verified.outputs
-            state.report.verify_seconds += time.perf_counter() - t
-        clock["verify"] = time.perf_counter() - t
+            state.report.verify_seconds += time.perf_counter() - t[0]
+        lap("verify", t)
 
         # a prompt whose last chunk did not run emits nothing (vLLM discards its sample)
         outputs = [o if s.emits else [] for s, o in zip(slots, outputs)]
         emitted = served.advance(outputs)
 
-        t = time.perf_counter()
+        t = now()
         self._drafts = state.propose(outputs, served.num_tokens, served.token_ids)
-        clock["propose"] = time.perf_counter() - t
+        lap("propose", t)
 
-        t = time.perf_counter()
+        t = now()
         state.take_report()
-        clock["report"] = time.perf_counter() - t
+        lap("report", t)
 
         if times is not None:
             for p in PHASES:
                 times.seconds[p].append(clock[p])
+            times.collector.append(collected[0])
             times.decoding.append(decoding)
             times.draft_tokens.append(sum(len(d) for d in spec.values()))
             times.emitted.append(emitted)
         for i in served.replace_finished():
             self._drafts[i] = []
         runner.input_batch.req_ids = served.req_ids
+
+    def _now(self) -> tuple[float, float]:
+        """The time, and the garbage collector's seconds so far."""
+        return time.perf_counter(), self.collector.seconds
 
     def _roots(self) -> list[int]:
         """vLLM's sample at every request's root: the recording's next token (greedy), or a draw

@@ -103,6 +103,7 @@ for _ in range(30):
 json.dump({
     "drafted": sum(times.draft_tokens), "emitted": sum(times.emitted), "decoding": sum(times.decoding),
     "phases": {p: len(times.seconds[p]) for p in PHASES}, "positive": bool((times.totals() > 0).all()),
+    "collector": [len(times.collector), min(times.collector), bool((times.totals() >= times.collector).all())],
     "ngram_steps": len(seconds), "ngram_drafted": ngram[0], "ngram_emitted": ngram[1],
     "sampled_drafted": sum(drawn.draft_tokens), "sampled_emitted": sum(drawn.emitted),
     "sampled_decoding": sum(drawn.decoding), "sampled_verify_s": sum(drawn.seconds["verify"]),
@@ -121,6 +122,7 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["drafted"] > 0 and got["emitted"] > got["decoding"]  # drafts accepted: > 1 token per request-step
     assert got["phases"] == {p: 60 for p in PHASES} and got["positive"]
+    assert got["collector"][0] == 60 and got["collector"][1] >= 0 and got["collector"][2]  # GC: within the phases
     assert got["ngram_steps"] == 30 and got["ngram_drafted"] > 0 and got["ngram_emitted"] > 30 * 4 * 0.5
     # sampled: trees walked with the sampler's noise, some of their tokens accepted
     assert got["sampled_drafted"] > 0 and got["sampled_emitted"] > got["sampled_decoding"] > 0
@@ -141,8 +143,9 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     assert cells == [(ctx, b, t) for ctx in (0, 2048) for b in (1, 8) for t in (0.0, 0.7)]
     for cell in result["cells"]:
         assert cell["lookahead"]["step_s"]["p50"] > 0 and np.isfinite(cell["lookahead"]["request_s"]["p99"])
+        assert 0 <= cell["lookahead"]["collector_s"]["mean"] <= cell["lookahead"]["step_s"]["mean"]
         assert ("ngram" in cell) == (cell["temperature"] == 0)  # vLLM's proposer: greedy only
         assert "ngram" not in cell or cell["ngram"]["step_s"]["p50"] > 0
     table = (out / "results.md").read_text()
-    assert table.count("\n| ") == 1 + 8 and "ngram ms/step" in table
+    assert table.count("\n| ") == 1 + 8 and "ngram ms/step" in table and "of which GC" in table
     print(table)

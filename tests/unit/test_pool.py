@@ -291,3 +291,35 @@ def test_seeded_prompt_with_more_keys_than_the_pool(prompt, ngram_size, guess_se
         ours, theirs = seeded.get_sourced(key, 100), added.get_sourced(key, 100)
         assert ours[: len(theirs)] == theirs
     assert seeded.num_keys == added.num_keys
+
+
+def test_a_pool_that_evicts_for_long_keeps_the_lru_keys():
+    """Thousands of evictions (the table is compacted in place every 256): the keys and
+    continuations of a list-based LRU model, through adds, batched adds and lookups."""
+    rng = np.random.default_rng(7)
+    pool = NgramPool(3, 2, max_keys=5)
+    keys: list[int] = []  # least recent first
+    values: dict[int, list[tuple[int, int]]] = {}
+
+    def touch(key: int, value: tuple[int, int] | None) -> None:
+        if key in keys:
+            keys.remove(key)
+        elif value is None:
+            return
+        elif len(keys) >= 5:
+            del values[keys.pop(0)]
+        keys.append(key)
+        if value is not None:
+            values[key] = ([v for v in values.get(key, []) if v != value] + [value])[-2:]
+
+    for step in range(3000):
+        text = rng.integers(0, 40, size=int(rng.integers(3, 8))).tolist()
+        pool.add_sequence(text)
+        for p in range(len(text) - 2):
+            touch(text[p], (text[p + 1], text[p + 2]))
+        key = int(rng.integers(0, 40))
+        assert pool.get(key, 2) == list(reversed(values.get(key, [])))
+        touch(key, None)
+        if step % 500 == 0:
+            assert pool.keys() == [(k,) for k in keys]
+    assert pool.keys() == [(k,) for k in keys] and len(pool) == sum(len(v) for v in values.values())
