@@ -59,7 +59,8 @@ class PromptNgrams:
         # numpy for a whole prompt, where tuples cost ~1 us each
         self._context = context
         self._packed = 1 < context <= 3 and (len(seq) == 0 or int(seq.max()) < 1 << NAME_BITS)
-        self._by_age: Iterator[object] = iter(())
+        self._age: Sequence[object] = ()  # the kept keys' names, least recently said first
+        self._by_age: Iterator[object] | None = None  # over _age, made at the first eviction
         self.num_ngrams = 0  # continuations the pool would hold for the keys not yet taken
         if len(seq) < span or guess_set_size == 0:
             return
@@ -90,11 +91,14 @@ class PromptNgrams:
         self._rows = dict(zip(names, keep.tolist()))
         # the order an LRU evicts them in; int names (and the counts below) in numpy arrays, which
         # the garbage collector does not traverse as it does a list of a prompt's keys
-        self._by_age = iter(names if context > 1 and not self._packed else np.asarray(names, dtype=np.int64))
+        self._age = names if context > 1 and not self._packed else np.asarray(names, dtype=np.int64)
         self._held = held
         self._starts = np.append(starts, len(order))
         self._order = order
-        self._values = windows[:, context:]
+        # a continuation is read off the prompt itself (a view of ``windows`` would keep numpy's
+        # strided base alive: one more object per pool for the collector to traverse)
+        self._seq = seq
+        self._offsets = np.arange(context, span)
 
     def _name(self, key: object) -> object:
         """A pool key's name here (the pool's own name of it, :mod:`.ngram_keys`; None: a key the
@@ -127,11 +131,13 @@ class PromptNgrams:
         if row is None:
             return None
         occurrences = self._order[self._starts[row] : self._starts[row + 1]]
-        return list(map(tuple, self._values[occurrences].tolist()))
+        return list(map(tuple, self._seq[occurrences[:, None] + self._offsets].tolist()))
 
     def evict_oldest(self) -> None:
         """Forget the key said least recently of those not taken (a full pool's LRU victim: every
         key the pool touched since is more recent)."""
+        if self._by_age is None:  # made here: an iterator is one more object the collector traverses
+            self._by_age = iter(self._age)
         for name in self._by_age:
             row = self._rows.pop(name.item() if isinstance(name, np.generic) else name, None)
             if row is not None:
