@@ -109,6 +109,12 @@ class PromptNgrams:
             return key if isinstance(key, int) else None
         return key_tokens(key, self._context)
 
+    def rows_by_key(self) -> dict[object, int] | None:
+        """The keys not yet taken, by the pool's own name of each (None where the names here are
+        not the pool's: a prompt with a token too large to pack): ``key in rows_by_key()`` is
+        ``key in self`` without a call per key."""
+        return self._rows if self._context == 1 or self._packed else None
+
     def __len__(self) -> int:
         """Keys not yet taken."""
         return len(self._rows)
