@@ -67,6 +67,13 @@ def test_prompts_are_computed_in_chunks_within_the_token_budget():
     assert chunks == [15, 15] and served.slots[0].emitted == 1  # 16 less request 1's decode token
 
 
+def test_learning_alone_catches_every_stream_up_and_times_it():
+    from benchmarks.host_work.learning import learning_us_per_token
+
+    figures = learning_us_per_token(_streams(), chunk=7, rounds=2)  # asserts every pool caught up
+    assert len(figures) == 2 and all(0 < f < 1e4 for f in figures)
+
+
 def test_long_contexts_put_a_distinct_history_before_each_prompt():
     streams = _streams()
     long = with_context(streams, 100)
