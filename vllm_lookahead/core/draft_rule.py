@@ -142,9 +142,16 @@ class _Calibration:
     expected: float = 0.0
     decay: float = DECAY  # per observation
     prior_weight: float = PRIOR_WEIGHT
+    _shift: float | None = field(default=None, init=False, repr=False, compare=False)  # shift, until the record changes
 
     @property
     def shift(self) -> float:
+        """Read for every lead a step offers; worked out once per change of the record."""
+        if self._shift is None:
+            self._shift = self._worked_out()
+        return self._shift
+
+    def _worked_out(self) -> float:
         if self.tries <= 0:
             return 0.0
         predicted = self.expected / self.tries
@@ -159,6 +166,7 @@ class _Calibration:
 
     def age(self, decay: float) -> None:
         self.tries, self.hits, self.expected = decay * self.tries, decay * self.hits, decay * self.expected
+        self._shift = None
 
 
 # An engine's pooled record (PooledConfidence) ages per step, not per lead, so that it fades back to

@@ -133,8 +133,10 @@ class NgramPool:
 
     def _replay(self, said: list[tuple[int, ...]]) -> Held:
         """One key's continuations after the seeded text's, in the order it said them."""
-        held: Held = ()
         source, limit = self._prompt_source, self.guess_set_size
+        if len(said) == 1:  # most keys: said once
+            return ((said[0], source | _ONCE),)
+        held: Held = ()
         for value in said:
             held = _added(held, value, source, limit)
         return held
@@ -184,14 +186,20 @@ class NgramPool:
         # a key new to the table that the seeded text did not say, in a table with room, starts
         # empty (what _new_key decides, without its calls: 4 in 10 of a text's keys are new)
         said = self._prompt.rows_by_key() if self._prompt is not None else {}
-        max_keys = self.max_keys
+        max_keys, once = self.max_keys, src | _ONCE
         for key, value in zip(key_names(seq, c, count), values):
             held = table.pop(key, None)
             if held is None:
-                fresh = said is not None and key not in said and len(table) + len(said) < max_keys
-                held = () if fresh else new_key(key)
-            table[key] = added = _added(held, value, src, limit)
-            grown += len(added) - len(held)
+                if said is not None and key not in said and len(table) + len(said) < max_keys:
+                    held = ()
+                else:
+                    held = new_key(key)
+            if held:
+                table[key] = added = _added(held, value, src, limit)
+                grown += len(added) - len(held)
+            else:  # _added of an empty key, inlined
+                table[key] = ((value, once),)
+                grown += 1
         self._count += grown
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
@@ -203,19 +211,22 @@ class NgramPool:
 
     def get_sourced(self, key: int | Sequence[int], limit: int) -> list[tuple[tuple[int, ...], int]]:
         """:meth:`get` with each continuation's :class:`~.source.Source` (as stored: an int)."""
+        k = self._lookup_key(key) if limit > 0 else None
+        return self.get_named(k, limit) if k is not None else []
+
+    def get_named(self, name: object, limit: int) -> list[tuple[tuple[int, ...], int]]:
+        """:meth:`get_sourced` of the key named ``name`` (:func:`~.ngram_keys.key_name` of its
+        ``context`` tokens, Python ints): a caller asking several pools names the text once."""
         if limit <= 0:
             return []
-        k = self._lookup_key(key)
-        if k is None:
-            return []
         table = self._table
-        held = table.pop(k, None)
+        held = table.pop(name, None)
         if held is None:
-            if self._prompt is None or k not in self._prompt:
+            if self._prompt is None or name not in self._prompt:
                 return []
-            held = self._new_key(k)
+            held = self._new_key(name)
         else:
-            table[k] = held
+            table[name] = held
         return [(value, entry & _SOURCE) for value, entry in held[: -limit - 1 : -1]]
 
     def support(self, key: int | Sequence[int], first: int) -> int:

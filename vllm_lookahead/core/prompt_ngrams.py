@@ -136,7 +136,11 @@ class PromptNgrams:
     def _said(self, row: int | None) -> list[tuple[int, ...]] | None:
         if row is None:
             return None
-        occurrences = self._order[self._starts[row] : self._starts[row + 1]]
+        start, end = self._starts[row], self._starts[row + 1]
+        if end - start == 1:  # a key said once (most keys of 2-3 tokens): a slice, no gather
+            first = int(self._order[start]) + self._context
+            return [tuple(self._seq[first : first + len(self._offsets)].tolist())]
+        occurrences = self._order[start:end]
         return list(map(tuple, self._seq[occurrences[:, None] + self._offsets].tolist()))
 
     def evict_oldest(self) -> None:

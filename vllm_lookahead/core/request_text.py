@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from .ngram_keys import key_name
 from .pool import NgramPool, SharedPools, int_list
 from .source import Source
 
@@ -79,18 +80,24 @@ class RequestText:
     def lookup(
         self, recent: Sequence[int], limit: int | None = None
     ) -> tuple[list[tuple[tuple[int, ...], int]], NgramPool | None]:
-        """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found)."""
+        """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found).
+        ``recent``: a list of Python ints, or any sequence of tokens."""
         limit = self.config.guess_set_size if limit is None else limit
         out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
         first_pool = None
+        tokens = self._ints(recent)
         for pool in self._lookup_pools():
             if len(out) >= limit:
                 break
-            for c, source in pool.get_sourced(recent, limit):
-                if c not in seen:
-                    seen.add(c)
-                    out.append((c, source))
+            c = pool.context
+            if len(tokens) < c:
+                continue
+            name = tokens[-1] if c == 1 else key_name(tokens[-c:])
+            for cont, source in pool.get_named(name, limit):
+                if cont not in seen:
+                    seen.add(cont)
+                    out.append((cont, source))
                     first_pool = first_pool or pool
                     if len(out) >= limit:
                         break
@@ -112,15 +119,32 @@ class RequestText:
         """:meth:`lead_candidate` and the source of each of its tokens."""
         draft = list(first[:length])
         sources = [source] * len(draft)
+        context = self.config.lookup_context
+        text = self._ints(recent)
         while len(draft) < length:
-            tail = [*recent, *draft][-self.config.lookup_context :]
-            more = self.sourced_candidates(tail, 1)  # the most likely continuation
-            if not more:
+            more = self._most_recent([*text, *draft][-context:])
+            if more is None:
                 break
-            piece = more[0][0][: length - len(draft)]
+            piece = more[0][: length - len(draft)]
             draft.extend(piece)
-            sources.extend([more[0][1]] * len(piece))
+            sources.extend([more[1]] * len(piece))
         return tuple(draft), sources
+
+    def _most_recent(self, tokens: list[int]) -> tuple[tuple[int, ...], int] | None:
+        """The most likely continuation of ``tokens`` (Python ints) with its source: ``lookup(tokens,
+        1)``'s one answer (the same pools asked in the same order), without its bookkeeping."""
+        for pool in self._lookup_pools():
+            c = pool.context
+            if len(tokens) >= c:
+                found = pool.get_named(tokens[-1] if c == 1 else key_name(tokens[-c:]), 1)
+                if found:
+                    return found[0]
+        return None
+
+    def _ints(self, recent: Sequence[int]) -> list[int]:
+        """The last ``lookup_context`` tokens of ``recent`` as Python ints (a list is taken to hold them)."""
+        context = self.config.lookup_context
+        return recent[-context:] if isinstance(recent, list) else int_list(recent[max(0, len(recent) - context) :])
 
     # -- learning --------------------------------------------------------------------------
     def tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:

@@ -55,6 +55,7 @@ OUTLIER_RATIO = 3.0
 # again and measured afresh.  Against steady evidence (drafted steps or batches of several
 # requests) it shifts the estimate by ~2 %.
 PER_TOKEN_PRIOR_WEIGHT = 2.0  # squared extra tokens
+_CHAIN_MEMO = 1 << 16  # forward sizes whose profiled time chain() keeps
 
 
 @dataclass
@@ -70,6 +71,7 @@ class StepCost:
     _tree_extra: float = field(default=0.0, repr=False)
     _tree_rows: float = field(default=0.0, repr=False)
     _cheapest: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
+    _chains: dict[float, float] = field(default_factory=dict, init=False, repr=False, compare=False)  # chain() by size
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
@@ -88,7 +90,17 @@ class StepCost:
 
     # -- the model ------------------------------------------------------------------
     def chain(self, tokens: float) -> float:
-        """Profiled time of a forward of ``tokens`` tokens (no tree pass), before ``scale``."""
+        """Profiled time of a forward of ``tokens`` tokens (no tree pass), before ``scale``
+        (worked out once per size: the profile never changes, and the draft rule asks a few
+        hundred times a step)."""
+        hit = self._chains.get(tokens)
+        if hit is None:
+            if len(self._chains) >= _CHAIN_MEMO:
+                self._chains.clear()
+            hit = self._chains[tokens] = self._interpolated(tokens)
+        return hit
+
+    def _interpolated(self, tokens: float) -> float:
         xs, ys = self.tokens, self.seconds
         if len(xs) == 1:
             return ys[0] * max(tokens, 1) / xs[0] if tokens > xs[0] else ys[0]
@@ -134,7 +146,11 @@ class StepCost:
 
     def forward(self, tokens: float, tree_rows: float = 0) -> float:
         """Predicted seconds of a forward of ``tokens`` tokens, ``tree_rows`` of them in branching trees."""
-        t = self.chain_forward(tokens)
+        fit = self._fit
+        chain = self._chains.get(tokens)
+        if chain is None:
+            chain = self.chain(tokens)
+        t = fit.scale * chain + fit.per_token * (tokens - 1.0 if tokens > 1.0 else 0.0)  # chain_forward
         if tree_rows > 0:
             t += self.tree_step_seconds + self.tree_row_seconds * tree_rows
         return t

@@ -172,19 +172,36 @@ class TreeBuilder:
         same token is reused (trie merge) and ``needs_logits`` is OR-ed into it;
         it keeps its source.  ``sources``: one per token, or one for all.
         """
-        node_ids: list[int] = []
-        current = parent
-        per_token = [sources] * len(tokens) if isinstance(sources, int) else list(sources)
+        if not 0 <= parent < len(self._tokens):
+            raise ValueError(f"parent {parent} does not exist")
+        tokens = [int(t) for t in tokens]
+        per_token = [int(sources)] * len(tokens) if isinstance(sources, int) else [int(s) for s in sources]
         if len(per_token) != len(tokens):
             raise ValueError(f"{len(per_token)} sources for {len(tokens)} tokens")
-        for token, source in zip(tokens, per_token):
-            existing = self._child_by_token.get((current, int(token))) if merge else None
-            if existing is not None:
-                self._logits[existing] = self._logits[existing] or bool(needs_logits)
-                current = existing
-            else:
-                current = self.add(current, token, needs_logits, source)
+        node_ids: list[int] = []
+        current, merged = parent, 0
+        while merge and merged < len(tokens):  # down the existing children that carry the chain's tokens
+            existing = self._child_by_token.get((current, tokens[merged]))
+            if existing is None:
+                break
+            self._logits[existing] = self._logits[existing] or bool(needs_logits)
+            current = existing
             node_ids.append(current)
+            merged += 1
+        rest = tokens[merged:]
+        if rest:  # the rest is a new chain below ``current``: appended in one go
+            start = len(self._tokens)
+            nodes = range(start, start + len(rest))
+            self._tokens.extend(rest)
+            self._parents.append(current)
+            self._parents.extend(nodes[:-1])
+            depth = self._depths[current] + 1
+            self._depths.extend(range(depth, depth + len(rest)))
+            self._logits.extend([bool(needs_logits)] * len(rest))
+            self._sources.extend(per_token[merged:])
+            self._child_by_token.setdefault((current, rest[0]), start)
+            self._child_by_token.update(zip(zip(nodes[:-1], rest[1:]), nodes[1:]))  # new nodes: no children yet
+            node_ids.extend(nodes)
         return node_ids
 
     @property
