@@ -47,7 +47,6 @@ from benchmarks.gpu.fixtures import (
     cell,
     engine_call,
     engine_path,
-    first_branch_node,
     make_tree,
     md_table,
     random_tree,
@@ -140,7 +139,7 @@ def _tree_rows(case: AttentionCase, trees: list, starts: list[int]) -> tuple[lis
     plain request); ``branch`` leaves chains out (they need no tree pass)."""
     picked, rows = [], []
     for r, ((ctx, _), tree, start) in enumerate(zip(case.requests, trees, starts)):
-        first = first_branch_node(tree) if case.rows == "branch" else 0
+        first = tree.first_branch_node if case.rows == "branch" else 0
         if first < tree.size:
             picked.append(r)
             rows.append(TreeRows(r + 1, start + first, first, tree.size, ctx, tree.ancestor_mask()))
@@ -244,7 +243,7 @@ def _accepted_moves(tree, rng: np.random.Generator) -> list[tuple[int, int]]:
     """(node, depth) of the path to a random node after the tree's leading chain (so at least that
     node moves), by ascending depth, nodes off their slot only (:mod:`vllm_lookahead.engine.step.verification`
     lists the moves of a request this way)."""
-    node, path = int(rng.integers(min(first_branch_node(tree), tree.size - 1), tree.size)), []
+    node, path = int(rng.integers(min(tree.first_branch_node, tree.size - 1), tree.size)), []
     while node > 0:
         path.append(node)
         node = int(tree.parents[node])

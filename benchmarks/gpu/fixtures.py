@@ -109,13 +109,6 @@ def make_tree(spec: str, rng: np.random.Generator) -> DraftTree:
     raise ValueError(f"unknown tree {spec!r}")
 
 
-def first_branch_node(tree: DraftTree) -> int:
-    """First node whose ancestors are not all earlier nodes (``size`` for a chain): the tree pass
-    recomputes the rows from there (:attr:`~vllm_lookahead.engine.step.tree_batch.TreeRequest.first_branch_node`)."""
-    off_chain = np.flatnonzero(tree.parents[1:] != np.arange(tree.size - 1))
-    return int(off_chain[0]) + 1 if off_chain.size else tree.size
-
-
 # -- paged caches ------------------------------------------------------------------------------
 @dataclass
 class PagedLayers:

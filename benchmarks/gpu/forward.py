@@ -46,7 +46,6 @@ from benchmarks.gpu.fixtures import (
     branching_tree,
     cell,
     chain_tree,
-    first_branch_node,
     md_table,
     time_per_call,
 )
@@ -172,7 +171,7 @@ class RandomDecoder:
     def step(self, batch: int, tokens: int, mode: str) -> Step:
         """The inputs of a forward of ``batch`` requests x ``tokens`` tokens in attention ``mode``."""
         tree = chain_tree(tokens) if mode == "chain" else branching_tree(tokens - 1)
-        first, ctx, dev = first_branch_node(tree), self.context, self.paged.buffer.device
+        first, ctx, dev = tree.first_branch_node, self.context, self.paged.buffer.device
         anc = tree.ancestor_mask()
         every = [TreeRows(b, b * tokens, 0, tokens, ctx, anc) for b in range(batch)]
         s, table = self.shape, self.paged.block_table

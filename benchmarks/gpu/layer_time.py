@@ -55,7 +55,6 @@ from benchmarks.gpu.fixtures import (
     count_launches,
     engine_call,
     engine_path,
-    first_branch_node,
     md_table,
     strided_query,
     time_host,
@@ -123,7 +122,7 @@ class LayerStep:
     @classmethod
     def build(cls, case: LayerCase, paged: PagedLayers, gen: torch.Generator) -> LayerStep:
         tree = branching_tree(case.draft_rows)
-        n, first = tree.size, first_branch_node(tree)
+        n, first = tree.size, tree.first_branch_node
         rows = [TreeRows(r, r * n + first, first, n, case.context, tree.ancestor_mask()) for r in range(case.requests)]
         dev, dt = paged.buffer.device, paged.buffer.dtype
         query = strided_query(case.requests * n, case.heads, case.kv_heads, case.head_size, dt, dev, gen)

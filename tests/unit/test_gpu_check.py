@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.gpu.fixtures import add_window, branching_tree, first_branch_node, lookahead_tree
+from benchmarks.gpu.fixtures import add_window, branching_tree, lookahead_tree
 from vllm_lookahead.core.step_cost import StepCost
 from vllm_lookahead.core.tree import TreeBuilder
 from vllm_lookahead.core.window import JacobiWindow
@@ -107,7 +107,7 @@ def test_trees_have_the_shapes_they_are_named_for():
         tree = branching_tree(rows)
         tree.validate()
         assert tree.size == rows + 1
-        assert (first_branch_node(tree) < tree.size) == (rows > 1)
+        assert (tree.first_branch_node < tree.size) == (rows > 1)
     full = lookahead_tree(3, 3, 5, 3)
     assert full.size == 1 + 9 + 5 * 3 - 1
 

@@ -112,6 +112,28 @@ def test_matches_brute_force_dfs(case):
     assert (path.tolist(), bonus) == dfs_reference(tree, argmax)
 
 
+@st.composite
+def chains_with_argmax(draw):
+    """Chains below the root (the common step's tree), some nodes without logits."""
+    vocab = draw(st.integers(1, 3))
+    size = draw(st.integers(1, 20))
+    builder = TreeBuilder(draw(st.integers(0, vocab - 1)))
+    for node in range(1, size):
+        builder.add(node - 1, draw(st.integers(0, vocab - 1)), draw(st.booleans()))
+    tree = builder.build()
+    argmax = np.array([draw(st.integers(0, vocab - 1)) if tree.logits[i] else -1 for i in range(size)], dtype=np.int64)
+    return tree, argmax
+
+
+@settings(max_examples=300, deadline=None)
+@given(chains_with_argmax())
+def test_a_chain_matches_brute_force_dfs(case):
+    tree, argmax = case
+    assert tree.first_branch_node == tree.size
+    path, bonus = greedy_verify(tree, argmax)
+    assert (path.tolist(), bonus) == dfs_reference(tree, argmax)
+
+
 @settings(max_examples=300, deadline=None)
 @given(trees_with_argmax())
 def test_path_is_an_accepted_ancestor_chain(case):

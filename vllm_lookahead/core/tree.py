@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -74,6 +75,14 @@ class DraftTree:
             depths=self.depths[:n],
             logits=self.logits[:n],
         )
+
+    @cached_property
+    def first_branch_node(self) -> int:
+        """The first node whose parent is not the node before it (``size`` for a chain below the
+        root): the nodes before it see exactly the causal prefix.  Worked out once per tree (the
+        step's layout and its verification both ask)."""
+        off_chain = np.flatnonzero(self.parents[1:] != np.arange(len(self.parents) - 1))
+        return int(off_chain[0]) + 1 if off_chain.size else self.size
 
     def ancestor_mask(self) -> np.ndarray:
         """bool (n, n): ``m[i, j]`` iff ``j == i`` or ``j`` is an ancestor of ``i``."""

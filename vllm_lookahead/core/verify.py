@@ -37,6 +37,10 @@ def greedy_verify(tree: DraftTree, argmax: np.ndarray) -> tuple[np.ndarray, int]
     n = tree.size
     if argmax.shape != (n,):
         raise ValueError(f"argmax has shape {argmax.shape}, expected ({n},)")
+    if tree.first_branch_node == n:  # a chain below the root: the accepted path is its matching prefix
+        matches = tree.logits[1:] & (tree.tokens[1:] == argmax[:-1])
+        k = n - 1 if matches.all() else int(np.argmin(matches))
+        return np.arange(1, k + 1, dtype=np.int64), int(argmax[k])
     parents = tree.parents
     # Local (non-recursive) condition, vectorised; validity then propagates in
     # topological order in one pass.

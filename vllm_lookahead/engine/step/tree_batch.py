@@ -49,16 +49,14 @@ class TreeRequest:
     def num_nodes(self) -> int:
         return self.tree.size
 
-    @cached_property
+    @property
     def first_branch_node(self) -> int:
         """First node whose ancestors are not all earlier nodes (``num_nodes`` for a chain).
 
         Nodes before it form a chain below the root, for which vLLM's causal
         attention is already the tree attention: only later rows are recomputed.
         """
-        parents = self.tree.parents
-        off_chain = np.flatnonzero(parents[1:] != np.arange(len(parents) - 1))
-        return int(off_chain[0]) + 1 if off_chain.size else self.num_nodes
+        return self.tree.first_branch_node
 
 
 @dataclass
