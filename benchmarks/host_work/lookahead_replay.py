@@ -336,3 +336,30 @@ class LookaheadReplay:
                     said[node] = other if other != right else right + 1
             out.append(said[tr.logit_nodes])
         return np.concatenate(out)
+
+
+# The prices :func:`fix_prices` holds the draft rule to: what the measured ones come to at 32 in
+# flight on the 2-core CPU (per request proposed for; per greedy or sampled tree verified; per
+# sampled token accepted).
+FIXED_PROPOSAL_S, FIXED_VERIFY_S, FIXED_SAMPLED_TOKEN_S = 100e-6, 50e-6, 300e-6
+
+
+def fix_prices(replay: LookaheadReplay) -> None:
+    """Hold the draft rule's host prices (proposing per request, verifying per tree, sampling per
+    accepted token) at fixed values instead of the replay's measured times, so that two runs --
+    two versions of the code, or one on a machine whose speed moves -- make the same decisions
+    step by step (``python -m benchmarks.host_work.ab``)."""
+    timing = replay.state.timing
+    proposed_for, verified = timing.proposed_for, timing.verified
+    timing.proposed_for = lambda seconds, requests: proposed_for(FIXED_PROPOSAL_S * requests, requests)
+    timing.verified = lambda outcomes: verified(
+        [
+            SimpleNamespace(
+                greedy=o.greedy,
+                path=o.path,
+                seconds=FIXED_VERIFY_S,
+                sampling_seconds=FIXED_SAMPLED_TOKEN_S * len(o.path),
+            )
+            for o in outcomes
+        ]
+    )

@@ -156,3 +156,23 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     table = (out / "results.md").read_text()
     assert table.count("\n| ") == 1 + 8 and "ngram ms/step" in table and "of which GC" in table
     print(table)
+
+
+def test_ab_compares_two_versions_step_for_step_and_refuses_runs_that_decided_differently():
+    """``python -m benchmarks.host_work.ab`` with the checkout against itself: the fixed prices make
+    every run decide alike, so the steps compare; runs whose decisions differ are refused."""
+    from benchmarks.host_work.ab import compare
+
+    args = ["--base", str(ROOT), "--batch", "2", "--steps", "6", "--warmup", "4", "--rounds", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.host_work.ab", *args], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 6 and result["median_step_ratio"] > 0
+    assert all(result[v]["step_ms"]["p50"] > 0 and len(result[v]["run_p50_ms"]) == 1 for v in ("base", "head"))
+
+    run = {"seconds": {"propose": [1e-3, 2e-3]}, "draft_tokens": [3, 0], "emitted": [2, 1]}
+    assert compare({"base": [run], "head": [dict(run, seconds={"propose": [5e-4, 2e-3]})]})["median_step_ratio"] == 0.75
+    with pytest.raises(SystemExit, match="decisions differ"):
+        compare({"base": [run], "head": [dict(run, draft_tokens=[2, 0])]})

@@ -1,0 +1,168 @@
+"""``python -m benchmarks.host_work.ab``: two versions of the plugin's host work on one cell, step for step.
+
+    python -m benchmarks.host_work.ab --base HEAD~1 --batch 32 [--context 0] [--temperature 0] [--rounds 3]
+
+The host-work table (``python -m benchmarks.host_work``) measures the plugin as it serves: the
+draft rule prices proposing and verifying with the host time it measures, so faster code is spent
+on more proposals and a single run's p50 moves with a shared VM's speed.  To tell whether a change
+made the same work cheaper, this runs the replay of one cell (:mod:`.lookahead_replay`) with those
+prices fixed (:func:`~.lookahead_replay.fix_prices`): both versions then make the same decisions
+step by step -- checked: their draft tokens and emitted tokens per step must agree -- and a step's
+time compares with the same step's.  Each version runs ``--rounds`` times, in turn, each in a
+fresh process; each step keeps its least time over the rounds (a slow moment of the machine falls
+out); the report gives both versions' per-step least times (mean / p50 / p99, each phase's p50)
+and the median of the per-step ratios.
+
+``--base``: a git revision (checked out into a temporary worktree) or a directory holding a
+``vllm_lookahead`` package; the other version is this checkout's.  The replay itself is this
+checkout's for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(args: argparse.Namespace) -> None:
+    """One replay of the cell with ``vllm_lookahead`` imported from ``args.tree``; per-step times
+    and decisions into ``args.dump`` (JSON)."""
+    tree = Path(args.tree).resolve()
+    sys.path.insert(0, str(tree))
+    import vllm_lookahead  # from the tree asked for; the replay's own modules stay this checkout's
+
+    if not Path(vllm_lookahead.__file__).resolve().is_relative_to(tree):
+        raise SystemExit(f"vllm_lookahead came from {vllm_lookahead.__file__}, not {tree}")
+    sys.path.remove(str(tree))
+    from benchmarks.host_work.__main__ import engine_heap
+    from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes, fix_prices
+    from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS
+    from benchmarks.host_work.streams import RECORDING, recorded_streams, with_context
+    from benchmarks.replay import replay_cost
+
+    served = with_context(recorded_streams(RECORDING), args.context)
+    max_model_len = max(len(s.prompt) + len(s.output) for s in served) + 8
+    replay = LookaheadReplay(
+        served,
+        args.batch,
+        json.loads(args.config),
+        replay_cost(args.cost),
+        max_model_len,
+        MAX_NUM_BATCHED_TOKENS,
+        args.temperature,
+    )
+    fix_prices(replay)
+    times = StepTimes()
+    with engine_heap():
+        for _ in range(args.warmup):
+            replay.step(None)
+        for _ in range(args.steps):
+            replay.step(times)
+    Path(args.dump).write_text(
+        json.dumps(
+            {
+                "seconds": {p: times.seconds[p] for p in PHASES},
+                "draft_tokens": times.draft_tokens,
+                "emitted": times.emitted,
+            }
+        )
+    )
+
+
+def _runs(args: argparse.Namespace, trees: dict[str, Path], out: Path) -> dict[str, list[dict]]:
+    """Every version's runs, alternating, each a fresh process."""
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    cell = ["--batch", str(args.batch), "--context", str(args.context), "--temperature", str(args.temperature)]
+    cell += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--config", args.config, "--cost", args.cost]
+    for r in range(args.rounds):
+        for name, tree in trees.items():
+            dump = out / f"{name}-{r}.json"
+            command = [sys.executable, "-m", "benchmarks.host_work.ab", "--tree", str(tree), "--dump", str(dump)]
+            done = subprocess.run(command + cell, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            runs[name].append(json.loads(dump.read_text()))
+    return runs
+
+
+def compare(runs: dict[str, list[dict]]) -> dict:
+    """The versions' per-step least times, after checking every run made the same decisions."""
+    first = next(iter(runs.values()))[0]
+    for name, rs in runs.items():
+        for r in rs:
+            if r["draft_tokens"] != first["draft_tokens"] or r["emitted"] != first["emitted"]:
+                raise SystemExit(f"{name}'s decisions differ from the first run's: its steps do not compare")
+    out: dict = {"steps": len(first["emitted"]), "draft_tokens_per_step": float(np.mean(first["draft_tokens"]))}
+    least = {}
+    for name, rs in runs.items():
+        phases = {p: np.min([r["seconds"][p] for r in rs], axis=0) for p in rs[0]["seconds"]}
+        total = np.min([np.sum([r["seconds"][p] for p in r["seconds"]], axis=0) for r in rs], axis=0)
+        least[name] = total
+        out[name] = {
+            "step_ms": {k: float(1e3 * f(total)) for k, f in (("mean", np.mean), ("p50", np.median))}
+            | {"p99": float(1e3 * np.percentile(total, 99))},
+            "phase_p50_ms": {p: float(1e3 * np.median(v)) for p, v in phases.items()},
+            "run_p50_ms": [
+                round(float(1e3 * np.median(np.sum([r["seconds"][p] for p in r["seconds"]], axis=0))), 3) for r in rs
+            ],
+        }
+    base, head = least.values()
+    out["median_step_ratio"] = float(np.median(head / base))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_work.ab", description=__doc__.splitlines()[0])
+    p.add_argument("--base", help="a git revision, or a directory holding a vllm_lookahead package")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--context", type=int, default=0, help="history tokens before each prompt")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--config", default="{}", help="lookahead's --speculative-config keys (JSON)")
+    p.add_argument("--cost", default="h100", help="the draft rule's forward: h100, a100 (rooflines), cpu, or a file")
+    p.add_argument("--tree", help=argparse.SUPPRESS)  # a worker: one run with this tree's vllm_lookahead
+    p.add_argument("--dump", help=argparse.SUPPRESS)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.tree:
+        _worker(args)
+        return 0
+    if not args.base:
+        p.error("--base is required")
+    with tempfile.TemporaryDirectory(prefix="host-work-ab-") as tmp:
+        base = Path(args.base)
+        worktree = None
+        if not (base / "vllm_lookahead").is_dir():
+            worktree = Path(tmp) / "base"
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), args.base], cwd=ROOT, check=True)
+            base = worktree
+        try:
+            result = compare(_runs(args, {"base": base, "head": ROOT}, Path(tmp)))
+        finally:
+            if worktree is not None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
+    where = f"batch {args.batch}, context {args.context}, T={args.temperature:g}, {args.rounds} rounds"
+    print(f"{where}: {result['steps']} steps, {result['draft_tokens_per_step']:.1f} draft tokens per step (both)")
+    for name in ("base", "head"):
+        r = result[name]
+        phases = ", ".join(f"{p} {v:.3f}" for p, v in r["phase_p50_ms"].items())
+        print(
+            f"{name}: per-step least ms mean {r['step_ms']['mean']:.3f} p50 {r['step_ms']['p50']:.3f} "
+            f"p99 {r['step_ms']['p99']:.3f} (phases p50: {phases}); each run's p50 {r['run_p50_ms']}"
+        )
+    print(f"head / base, median over steps: {result['median_step_ratio']:.3f}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
