@@ -163,3 +163,20 @@ def test_merged_chains_form_a_trie(chains):
         seen.add(key)
     distinct_prefixes = {tuple(c[:k]) for c in chains for k in range(1, len(c) + 1)}
     assert tree.size - 1 == len(distinct_prefixes)
+
+
+def test_add_nodes_and_add_chain_build_what_adding_one_by_one_builds():
+    one, bulk = TreeBuilder(5), TreeBuilder(5)
+    chain = [one.add(0, 6, True, 1)]
+    chain.append(one.add(chain[-1], 7, True, 1))
+    level = [one.add(p, t, False, 2) for p, t in zip([0, *chain], [6, 8, 9])]
+    assert bulk.add_chain(0, [6, 7], True, sources=1) == chain
+    assert bulk.add_nodes([0, *chain], [6, 8, 9], False, 2) == level
+    assert bulk.add_chain(0, [6, 7, 3], True, merge=True, sources=4) == [*chain, 6]  # merged down the first two
+    one.add_chain(0, [6, 7, 3], True, merge=True, sources=4)
+    a, b = one.build(), bulk.build()
+    for name in ("tokens", "parents", "depths", "logits"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.testing.assert_array_equal(one.sources, bulk.sources)
+    with pytest.raises(ValueError):
+        bulk.add_nodes([99], [1], True)

@@ -95,18 +95,13 @@ class JacobiWindow:
         outputs = np.full(self.window_size, -1, dtype=np.int64)
         if width == 0:
             return outputs
-        previous_level = np.empty(width, dtype=np.int64)
-        previous_level[0] = root
-        level0 = self.levels[0]
-        for i in range(1, width):
-            previous_level[i] = builder.add(int(previous_level[i - 1]), int(level0[i]), last == 0, Source.WINDOW)
+        window = int(Source.WINDOW)
+        # level 0: the root, then columns 1.. as a chain below it; each next level one node below
+        # each of the level before (the nodes in the order adding them one by one gives)
+        previous = [root, *builder.add_chain(root, self.levels[0][1:width].tolist(), last == 0, sources=window)]
         for j in range(1, self.filled):
-            level = self.levels[j]
-            current_level = np.empty(width, dtype=np.int64)
-            for i in range(width):
-                current_level[i] = builder.add(int(previous_level[i]), int(level[i]), j == last, Source.WINDOW)
-            previous_level = current_level
-        outputs[:width] = previous_level
+            previous = builder.add_nodes(previous, self.levels[j][:width].tolist(), j == last, window)
+        outputs[:width] = previous
         return outputs
 
     def update(
