@@ -142,8 +142,7 @@ def test_add_sequence_equals_add_of_each_ngram(
         fast.add_sequence(seq, start=start, source=source)
         for p in range(max(0, start - span + 1), len(tokens) - span + 1):
             slow.add(tokens[p : p + span], source)
-    assert fast._table == slow._table and list(fast._table) == list(slow._table)
-    assert all(list(fast._table[k]) == list(slow._table[k]) for k in fast._table)
+    assert fast.items() == slow.items()
     assert len(fast) == len(slow)
 
 
@@ -294,7 +293,7 @@ def test_seeded_prompt_with_more_keys_than_the_pool(prompt, ngram_size, guess_se
 
 
 def test_a_pool_that_evicts_for_long_keeps_the_lru_keys():
-    """Thousands of evictions (the table is compacted in place every 256): the keys and
+    """Thousands of evictions (each a deletion from the hash table): the keys and
     continuations of a list-based LRU model, through adds, batched adds and lookups."""
     rng = np.random.default_rng(7)
     pool = NgramPool(3, 2, max_keys=5)
@@ -323,3 +322,74 @@ def test_a_pool_that_evicts_for_long_keeps_the_lru_keys():
         if step % 500 == 0:
             assert pool.keys() == [(k,) for k in keys]
     assert pool.keys() == [(k,) for k in keys] and len(pool) == sum(len(v) for v in values.values())
+
+
+class _ReferencePool:
+    """The pool's rules in plain Python: keys and each key's continuations in LRU order (least
+    recent first), each continuation with its lowest source and the times it was added."""
+
+    def __init__(self, context: int, span: int, guess_set_size: int, max_keys: int) -> None:
+        self.context, self.span, self.limit, self.max_keys = context, span, guess_set_size, max_keys
+        self.table: dict[tuple, list[list]] = {}
+
+    def add_sequence(self, tokens: list[int], source: int) -> None:
+        for p in range(len(tokens) - self.span + 1):
+            key, value = tuple(tokens[p : p + self.context]), tuple(tokens[p + self.context : p + self.span])
+            held = self.table.pop(key, None)
+            if held is None:
+                if len(self.table) >= self.max_keys:
+                    del self.table[next(iter(self.table))]
+                held = []
+            same = [entry for entry in held if entry[0] == value]
+            if same:
+                held.remove(same[0])
+                held.append([value, min(same[0][1], source), same[0][2] + 1])
+            else:
+                held = ([*held, [value, source, 1]])[-self.limit :]
+            self.table[key] = held
+
+    def get_sourced(self, key: tuple, limit: int) -> list[tuple[tuple[int, ...], int]]:
+        held = self.table.pop(key, None)
+        if held is None:
+            return []
+        self.table[key] = held
+        return [(value, source) for value, source, _ in reversed(held)][:limit]
+
+    def support(self, key: tuple, first: int) -> int:
+        return sum(count for value, _, count in self.table.get(key, []) if value[0] == first)
+
+    def items(self) -> list:
+        return [(key, [tuple(entry) for entry in held]) for key, held in self.table.items()]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.lists(st.integers(0, 30), max_size=40), st.sampled_from(list(Source))),
+            st.tuples(st.just("get"), st.lists(st.integers(0, 30), min_size=3, max_size=3), st.integers(1, 5)),
+            st.tuples(st.just("support"), st.lists(st.integers(0, 30), min_size=3, max_size=3), st.integers(0, 30)),
+        ),
+        max_size=40,
+    ),
+    ngram_size=st.integers(2, 5),
+    guess_set_size=st.integers(1, 5),
+    max_keys=st.integers(1, 80),
+    context=st.integers(1, 3),
+)
+def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_set_size, max_keys, context):
+    """Many keys in a growing hash table, evictions (and the deletions they make in it) included:
+    the pool holds, answers and counts what the plain-Python rules do."""
+    pool = NgramPool(ngram_size, guess_set_size, max_keys, context=context)
+    model = _ReferencePool(context, pool.span, guess_set_size, max_keys)
+    for kind, tokens, arg in ops:
+        key = tuple(tokens[len(tokens) - context :])
+        if kind == "add":
+            pool.add_sequence(tokens, source=arg)
+            model.add_sequence(tokens, int(arg))
+        elif kind == "get":
+            assert pool.get_sourced(key, arg) == model.get_sourced(key, arg)
+        else:
+            assert pool.support(key, arg) == model.support(key, arg)
+    assert pool.items() == model.items()
+    assert len(pool) == sum(len(held) for held in model.table.values()) and pool.num_keys == len(model.table)

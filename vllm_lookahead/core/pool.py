@@ -21,7 +21,9 @@ how often it was added: :meth:`NgramPool.support` -- how many stored n-grams
 after a key begin with a given token -- is the draft rule's confidence in a lead
 candidate (:class:`~.draft_rule.LeadConfidence`).  Every operation is O(1)
 (amortised; ``support`` O(G)) -- ``add_sequence`` costs O(number of new n-grams),
-so incremental learning never rescans history.
+so incremental learning never rescans history.  The storage is numpy arrays worked on by
+compiled loops (:mod:`.ngram_table`): one call learns a tail of new tokens, one call answers a
+lookup.
 """
 
 from __future__ import annotations
@@ -31,39 +33,40 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ngram_keys import key_name, key_names, key_tokens
-from .prompt_ngrams import PromptNgrams
+from .ngram_table import (
+    COUNT,
+    COUNT_SHIFT,
+    HELD,
+    KEYS,
+    SEEDED_COUNT,
+    SOURCE_MASK,
+    TOP,
+    add_ngrams,
+    get_into,
+    lru_keys,
+    new_meta,
+    rehash,
+    seed_keys,
+    support_of,
+)
+from .prompt_ngrams import TextIndex
 from .source import Source
 
 if TYPE_CHECKING:
     from vllm_lookahead.config import LookaheadConfig
 
 
-# A key's continuations: a tuple of (continuation, entry) pairs, least recent first, where the entry
-# is one int -- the continuation's Source in the low bits, the times it was added above them.  Tuples
-# of ints, replaced whole on a change (at most G pairs), are what the garbage collector stops
-# tracking: the pools of a thousand requests then add next to nothing to its scans.
-_COUNT_SHIFT = 3
-_SOURCE = (1 << _COUNT_SHIFT) - 1
-_ONCE = 1 << _COUNT_SHIFT
-assert max(Source) <= _SOURCE
-Held = tuple[tuple[tuple[int, ...], int], ...]
-
-
-def _added(held: Held, value: tuple[int, ...], source: int, limit: int) -> Held:
-    """One key's continuations with ``value`` added as the most recent (its entry counted once more,
-    its source the lowest seen), at most ``limit`` kept."""
-    for i, (stored, entry) in enumerate(held):
-        if stored == value:
-            return (*held[:i], *held[i + 1 :], (value, min(entry & _SOURCE, source) | ((entry & ~_SOURCE) + _ONCE)))
-    if len(held) < limit:
-        return (*held, (value, source | _ONCE))
-    return (*held[1:], (value, source | _ONCE))
-
-
 def int_list(tokens: Sequence[int]) -> list[int]:
     """``tokens`` as a list of Python ints (one ``tolist`` for a numpy array)."""
     return tokens.tolist() if isinstance(tokens, np.ndarray) else [int(t) for t in tokens]
+
+
+def int_array(tokens: Sequence[int]) -> np.ndarray:
+    """``tokens`` as an int64 array (itself where it is one)."""
+    return tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 else np.asarray(tokens, np.int64)
+
+
+_FIRST_KEYS = 64  # key capacity of a new pool's arrays (doubled as it grows)
 
 
 class NgramPool:
@@ -80,19 +83,65 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        # key name (.ngram_keys) -> its continuations (Held), least recent key first: a key touched
-        # is taken out and put back.  A plain dict, not an OrderedDict: the garbage collector stops
-        # tracking a dict that holds only untracked values (ints, tuples of ints), so a full
-        # collection skips the pools of requests that learnt nothing since the last one, where it
-        # traverses every OrderedDict whole (at 1,024 requests in flight, ~12 against ~40 ms).
-        self._table: dict[object, Held] = {}
-        self._evicted = 0  # keys evicted since the table was last compacted (_evict)
-        self._count = 0
-        self._prompt: PromptNgrams | None = None  # a seeded text's keys not yet in the table (seed)
-        self._prompt_source = int(Source.PROMPT)
+        self._seeded_source = int(Source.PROMPT)
+        self._meta = new_meta()
+        self._text = TextIndex((), context, self.span, guess_set_size, max_keys)
+        self._capacity = 0  # keys the arrays hold: none until the first key (_room)
+        self._keys = self._links = self._conts = self._entries = self._slots = None
+        width = max(1, guess_set_size)
+        self._out = np.zeros((width, ngram_size - 1), dtype=np.int32)  # a lookup's answer
+        self._out_sources = np.zeros(width, dtype=np.int64)
 
-    def _key(self, tokens: Sequence[int]) -> object:
-        return int(tokens[0]) if self.context == 1 else key_name(list(map(int, tokens)))
+    def _grow(self, capacity: int) -> None:
+        """Arrays for ``capacity`` keys, what is stored kept (a hash table rebuilt)."""
+        G, L, top = max(1, self.guess_set_size), self.ngram_size - 1, int(self._meta[TOP])
+        old = self._keys
+        # a key's row is written whole when it is handed out, its continuations as they come
+        keys = np.empty((capacity, self.context), dtype=np.int32)
+        links = np.empty((capacity, 4), dtype=np.int64)
+        conts = np.empty((capacity, G, L), dtype=np.int32)
+        entries = np.empty((capacity, G), dtype=np.int64)
+        if old is not None:
+            keys[:top], links[:top], conts[:top], entries[:top] = (
+                old[:top],
+                self._links[:top],
+                self._conts[:top],
+                self._entries[:top],
+            )
+        self._keys, self._links, self._conts, self._entries = keys, links, conts, entries
+        self._slots = np.full(1 << (2 * capacity - 1).bit_length(), -1, dtype=np.int32)
+        rehash(self._slots, keys, links, self._meta)
+        self._capacity = capacity
+
+    def _room(self, new_keys: int) -> None:
+        """Grow the arrays where ``new_keys`` more keys might not fit."""
+        need = min(int(self._meta[TOP]) + new_keys, self.max_keys)
+        if need > self._capacity:
+            self._grow(min(max(need, 2 * self._capacity, _FIRST_KEYS), self.max_keys))
+
+    def _state(self) -> tuple:
+        t = self._text
+        return (
+            self._slots,
+            self._keys,
+            self._links,
+            self._conts,
+            self._entries,
+            self._meta,
+            t.starts,
+            t.order,
+            t.seq,
+            t.held,
+        )
+
+    def _key(self, key: int | Sequence[int]) -> np.ndarray | None:
+        """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence; None:
+        too short)."""
+        if isinstance(key, (int, np.integer)):
+            return np.array([key], dtype=np.int64) if self.context == 1 else None
+        if len(key) < self.context:
+            return None
+        return int_array(key[len(key) - self.context :])
 
     def add(self, ngram: Sequence[int], source: Source = Source.OUTPUT) -> None:
         """Store ``ngram[context:]`` under key ``ngram[:context]`` as the most recent value.
@@ -101,106 +150,48 @@ class NgramPool:
         """
         if len(ngram) != self.span:
             raise ValueError(f"n-gram of length {len(ngram)}, expected {self.span}")
-        if self.guess_set_size == 0:
+        self.add_rows(int_array(ngram)[None], source)
+
+    def add_rows(self, ngrams: np.ndarray, source: Source = Source.OUTPUT) -> None:
+        """:meth:`add` of each row of ``ngrams`` (``(k, context + N - 1)``), in order, in one call."""
+        ngrams = np.ascontiguousarray(ngrams, dtype=np.int64)
+        if ngrams.ndim != 2 or ngrams.shape[1] != self.span:
+            raise ValueError(f"n-grams of shape {ngrams.shape}, expected (k, {self.span})")
+        if self.guess_set_size == 0 or not len(ngrams):
             return
-        c = self.context
-        self._store(self._key(ngram[:c]), tuple(map(int, ngram[c:])), int(source))
-
-    def _store(self, key: object, value: tuple[int, ...], source: int) -> None:
-        """:meth:`add` for an already normalised key and continuation."""
-        table = self._table
-        held = table.pop(key, None)
-        if held is None:
-            held = self._new_key(key)
-        table[key] = added = _added(held, value, source, self.guess_set_size)
-        self._count += len(added) - len(held)
-
-    def _new_key(self, key: object) -> Held:
-        """The continuations of a key not in the table, put in as the most recent key: the
-        seeded text's (:meth:`seed`) if it said the key, else none yet -- a new key, for which
-        the least recent key leaves a full pool."""
-        prompt = self._prompt
-        said = prompt.take(key) if prompt is not None else None
-        if said is None:
-            if len(self._table) + (len(prompt) if prompt is not None else 0) >= self.max_keys:
-                self._evict()
-            held: Held = ()
-        else:
-            held = self._replay(said)
-            self._count += len(held)
-        self._table[key] = held
-        return held
-
-    def _replay(self, said: list[tuple[int, ...]]) -> Held:
-        """One key's continuations after the seeded text's, in the order it said them."""
-        source, limit = self._prompt_source, self.guess_set_size
-        if len(said) == 1:  # most keys: said once
-            return ((said[0], source | _ONCE),)
-        held: Held = ()
-        for value in said:
-            held = _added(held, value, source, limit)
-        return held
-
-    def _evict(self) -> None:
-        """The least recent key leaves: a seeded key never touched (older than every key in the
-        table), else the table's first.  A dict's first key is found by a scan past the slots of
-        the keys taken out before it, so a table that evicts is compacted in place every
-        ``max(256, keys / 32)`` evictions (O(keys) each time: O(32) per eviction)."""
-        if self._prompt is not None and len(self._prompt):
-            self._prompt.evict_oldest()
-            return
-        table = self._table
-        evicted = table.pop(next(iter(table)))
-        self._count -= len(evicted)
-        self._evicted += 1
-        if self._evicted >= max(256, len(table) >> 5):
-            self._evicted = 0
-            kept = list(table.items())
-            table.clear()
-            table.update(kept)
+        self._room(len(ngrams))
+        add_ngrams(
+            *self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source), self._seeded_source
+        )
 
     def seed(self, tokens: Sequence[int], source: Source = Source.PROMPT) -> None:
         """:meth:`add_sequence` of a whole text into an empty pool, in O(text) numpy work: each
         key's n-grams are stored when the pool first touches the key
-        (:class:`~.prompt_ngrams.PromptNgrams`), exactly as adding them one by one would have."""
-        if self._table or self._prompt is not None:
+        (:class:`~.prompt_ngrams.TextIndex`), exactly as adding them one by one would have."""
+        if self._meta[KEYS]:
             raise ValueError("seed() fills an empty pool")
         if self.guess_set_size == 0:
             return
-        self._prompt = PromptNgrams(tokens, self.context, self.span, self.guess_set_size, self.max_keys)
-        self._prompt_source = int(source)
+        self._text = text = TextIndex(tokens, self.context, self.span, self.guess_set_size, self.max_keys)
+        self._seeded_source = int(source)
+        if not len(text.kept_rows):
+            return
+        self._room(len(text.kept_rows))
+        seed_keys(
+            self._slots, self._keys, self._links, self._meta, text.seq, text.kept_first, text.kept_rows, text.held
+        )
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
-        (the same as :meth:`add` of each, in order; the tokens are converted once)."""
-        n, c = self.span, self.context
+        (the same as :meth:`add` of each, in order, in one call)."""
+        n = self.span
         first = max(0, start - n + 1)
-        if self.guess_set_size == 0 or len(tokens) - first < n:
+        count = len(tokens) - first - n + 1
+        if self.guess_set_size == 0 or count <= 0:
             return
-        seq = int_list(tokens[first:])
-        src = int(source)
-        count = len(seq) - n + 1
-        # each n-gram's key name and continuation, made by zip (no slice per n-gram); _store inlined
-        values = zip(*(seq[i : i + count] for i in range(c, n)))
-        table, new_key, limit, grown = self._table, self._new_key, self.guess_set_size, 0
-        # a key new to the table that the seeded text did not say, in a table with room, starts
-        # empty (what _new_key decides, without its calls: 4 in 10 of a text's keys are new)
-        said = self._prompt.rows_by_key() if self._prompt is not None else {}
-        max_keys, once = self.max_keys, src | _ONCE
-        for key, value in zip(key_names(seq, c, count), values):
-            held = table.pop(key, None)
-            if held is None:
-                if said is not None and key not in said and len(table) + len(said) < max_keys:
-                    held = ()
-                else:
-                    held = new_key(key)
-            if held:
-                table[key] = added = _added(held, value, src, limit)
-                grown += len(added) - len(held)
-            else:  # _added of an empty key, inlined
-                table[key] = ((value, once),)
-                grown += 1
-        self._count += grown
+        self._room(count)
+        seq = int_array(tokens)
+        add_ngrams(*self._state(), seq, first, 1, count, self.max_keys, int(source), self._seeded_source)
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
@@ -211,55 +202,63 @@ class NgramPool:
 
     def get_sourced(self, key: int | Sequence[int], limit: int) -> list[tuple[tuple[int, ...], int]]:
         """:meth:`get` with each continuation's :class:`~.source.Source` (as stored: an int)."""
-        k = self._lookup_key(key) if limit > 0 else None
-        return self.get_named(k, limit) if k is not None else []
+        k = self._key(key) if limit > 0 else None
+        return self.get_after(k, limit) if k is not None else []
 
-    def get_named(self, name: object, limit: int) -> list[tuple[tuple[int, ...], int]]:
-        """:meth:`get_sourced` of the key named ``name`` (:func:`~.ngram_keys.key_name` of its
-        ``context`` tokens, Python ints): a caller asking several pools names the text once."""
-        if limit <= 0:
+    def get_after(self, text: np.ndarray, limit: int) -> list[tuple[tuple[int, ...], int]]:
+        """:meth:`get_sourced` of the key ending ``text`` (int64, at least ``context`` tokens; its
+        last ``context`` are read): a caller asking several pools makes the array once."""
+        if limit <= 0 or not self._meta[KEYS]:
             return []
-        table = self._table
-        held = table.pop(name, None)
-        if held is None:
-            if self._prompt is None or name not in self._prompt:
-                return []
-            held = self._new_key(name)
-        else:
-            table[name] = held
-        return [(value, entry & _SOURCE) for value, entry in held[: -limit - 1 : -1]]
+        n = get_into(
+            *self._state(), text[len(text) - self.context :], limit, self._seeded_source, self._out, self._out_sources
+        )
+        if not n:
+            return []
+        return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
 
     def support(self, key: int | Sequence[int], first: int) -> int:
         """How many times n-grams stored under ``key`` that begin with ``first`` were added
         (the evidence that ``first`` follows ``key``; 0 if none).  Does not touch the LRU order."""
-        k = self._lookup_key(key)
-        held = self._table.get(k) if k is not None else None
-        if held is None:  # a seeded key not touched yet: read, left for its first touch
-            said = self._prompt.peek(k) if self._prompt is not None and k is not None else None
-            if said is None:
-                return 0
-            held = self._replay(said)
-        return sum(entry >> _COUNT_SHIFT for value, entry in held if value[0] == first)
-
-    def _lookup_key(self, key: int | Sequence[int]) -> object | None:
-        """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence)."""
-        if self.context == 1:
-            return int(key if isinstance(key, (int, np.integer)) else key[-1])
-        if isinstance(key, (int, np.integer)) or len(key) < self.context:
-            return None
-        return self._key(key[len(key) - self.context :])
+        k = self._key(key)
+        if k is None or not self._meta[KEYS]:
+            return 0
+        t = self._text
+        return int(support_of(
+            self._slots, self._keys, self._links, self._conts, self._entries, t.starts, t.order, t.seq,
+            k, int(first), self._seeded_source, self._out, self._out_sources,
+        ))  # fmt: skip
 
     def keys(self) -> list[tuple[int, ...]]:
         """The keys stored so far, least recent first, as tokens (a seeded text's keys not
         touched yet left out)."""
-        return [key_tokens(name, self.context) if self.context > 1 else (name,) for name in self._table]
+        return [tuple(self._keys[i].tolist()) for i in self._stored()]
+
+    def items(self) -> list[tuple[tuple[int, ...], list[tuple[tuple[int, ...], int, int]]]]:
+        """:meth:`keys` with each key's continuations, least recent first, each with its source
+        and the times it was added: everything the pool holds, for comparing two pools."""
+        out = []
+        for i in self._stored():
+            held = int(self._links[i, HELD])
+            values = [
+                (tuple(cont), int(entry) & SOURCE_MASK, int(entry) >> COUNT_SHIFT)
+                for cont, entry in zip(self._conts[i, :held].tolist(), self._entries[i, :held])
+            ]
+            out.append((tuple(self._keys[i].tolist()), values))
+        return out
+
+    def _stored(self) -> np.ndarray:
+        out = np.zeros(int(self._meta[KEYS]), dtype=np.int64)
+        if not len(out):
+            return out
+        return out[: lru_keys(self._links, self._meta, out)]
 
     def __len__(self) -> int:
-        return self._count + (self._prompt.num_ngrams if self._prompt is not None else 0)
+        return int(self._meta[COUNT] + self._meta[SEEDED_COUNT])
 
     @property
     def num_keys(self) -> int:
-        return len(self._table) + (len(self._prompt) if self._prompt is not None else 0)
+        return int(self._meta[KEYS])
 
 
 class SharedPools:

@@ -305,8 +305,9 @@ class RequestLookahead:
             was_run = (window_nodes >= 0) & (window_nodes < num_nodes_run)
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]
-            for ngram in self.window.update(outputs, num_new - 1, tail):
-                self.text.pool.add(ngram, Source.WINDOW)
+            ngrams = self.window.update(outputs, num_new - 1, tail)
+            if ngrams:
+                self.text.pool.add_rows(np.array(ngrams, dtype=np.int64), Source.WINDOW)
         self.text.learn(tail, start, len(history))
 
         self.adapt_lead(draft, num_nodes_run, num_new - 1)

@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .ngram_keys import key_name
-from .pool import NgramPool, SharedPools, int_list
+import numpy as np
+
+from .pool import NgramPool, SharedPools, int_array, int_list
 from .source import Source
 
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
@@ -86,15 +87,13 @@ class RequestText:
         out: list[tuple[tuple[int, ...], int]] = []
         seen: set[tuple[int, ...]] = set()
         first_pool = None
-        tokens = self._ints(recent)
+        text = np.array(self._ints(recent), dtype=np.int64)
         for pool in self._lookup_pools():
             if len(out) >= limit:
                 break
-            c = pool.context
-            if len(tokens) < c:
+            if len(text) < pool.context:
                 continue
-            name = tokens[-1] if c == 1 else key_name(tokens[-c:])
-            for cont, source in pool.get_named(name, limit):
+            for cont, source in pool.get_after(text, limit):
                 if cont not in seen:
                     seen.add(cont)
                     out.append((cont, source))
@@ -133,10 +132,10 @@ class RequestText:
     def _most_recent(self, tokens: list[int]) -> tuple[tuple[int, ...], int] | None:
         """The most likely continuation of ``tokens`` (Python ints) with its source: ``lookup(tokens,
         1)``'s one answer (the same pools asked in the same order), without its bookkeeping."""
+        text = np.array(tokens, dtype=np.int64)
         for pool in self._lookup_pools():
-            c = pool.context
-            if len(tokens) >= c:
-                found = pool.get_named(tokens[-1] if c == 1 else key_name(tokens[-c:]), 1)
+            if len(text) >= pool.context:
+                found = pool.get_after(text, 1)
                 if found:
                     return found[0]
         return None
@@ -147,13 +146,13 @@ class RequestText:
         return recent[-context:] if isinstance(recent, list) else int_list(recent[max(0, len(recent) - context) :])
 
     # -- learning --------------------------------------------------------------------------
-    def tail(self, num_new: int, history: Sequence[int]) -> tuple[list[int], int]:
-        """The end of ``history`` that new n-grams can touch, and where the new tokens start in it."""
+    def tail(self, num_new: int, history: Sequence[int]) -> tuple[np.ndarray, int]:
+        """The end of ``history`` that new n-grams can touch (int64), and where the new tokens start in it."""
         span = self.config.lookup_context + self.config.ngram_size - 1
         length = min(len(history), num_new + span - 1)
-        return int_list(history[len(history) - length :]), length - num_new
+        return int_array(history[len(history) - length :]), length - num_new
 
-    def learn(self, tail: list[int], start: int, length: int) -> None:
+    def learn(self, tail: np.ndarray, start: int, length: int) -> None:
         """The n-grams of ``tail`` (the end of a sequence of ``length`` tokens, new tokens from
         ``start``) into the text pools (unless the ablation's ``pool_from_output`` is off) and the shared ones."""
         if self.config.ablation.pool_from_output:
@@ -171,7 +170,7 @@ class RequestText:
         tail, start = self.tail(num_new, history)
         self.learn(tail, start, len(history))
 
-    def _share(self, tail: list[int], start: int, length: int) -> None:
+    def _share(self, tail: np.ndarray, start: int, length: int) -> None:
         """Give the shared pools the n-grams of ``tail`` (the end of a sequence of ``length``
         tokens) that lie wholly in the output: prompts are never shared."""
         if self.shared is None:

@@ -1,0 +1,340 @@
+"""The n-gram pool's storage: numpy arrays and the compiled (numba) loops over them.
+
+A pool (:class:`~.pool.NgramPool`) learns every n-gram a request emits, and a server emits
+thousands of tokens a step: in Python dicts each learnt n-gram costs a few microseconds of
+interpreted work and three tracked tuples for the garbage collector; here it is one hash probe
+and a few array writes inside a compiled loop, and the arrays are no garbage collector's concern.
+One call learns a whole tail of new tokens (:func:`add_ngrams`); a lookup (:func:`get_into`) or a
+support count (:func:`support_of`) is one call.
+
+The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G`` per key:
+
+- ``slots`` int32 ``(S,)``: an open-addressing hash table (linear probing, backward-shift
+  deletion, ``S`` a power of two at least twice the key capacity) of key indices, -1 empty;
+- ``keys`` int32 ``(C, ctx)``: each key's tokens;
+- ``links`` int64 ``(C, 4)``: the key LRU as a doubly linked list (previous, next: least recent
+  key first), the key's row in a seeded text's index (-1: stored here), its continuations held;
+- ``conts`` int32 ``(C, G, L)`` and ``entries`` int64 ``(C, G)``: a key's continuations, least
+  recent first, each with its entry -- the :class:`~.source.Source` in the low
+  :data:`COUNT_SHIFT` bits, the times it was added above them;
+- ``meta`` int64 ``(8,)``: the counters below (``KEYS`` .. ``TOP``).
+
+A seeded text (:mod:`.prompt_ngrams`) puts its keys in the table at once, least recently said
+first, each pointing at its row of the text's index (``p_starts``, ``p_order``, ``p_seq``,
+``p_held``): its continuations are replayed in the order the text said them the first time the
+pool touches the key (a lookup or a new n-gram under it), so the table holds exactly what adding
+the text n-gram by n-gram would have stored, and a key never touched costs one row.  Those keys
+are older than any key stored since, so a full pool evicts them first, as the sequential adds
+would.  The Python side (:class:`~.pool.NgramPool`) grows the arrays before a call that could
+outgrow them (:func:`rehash`); nothing here allocates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+COUNT_SHIFT = 3  # an entry: the Source in the low bits, the times added above them
+SOURCE_MASK = (1 << COUNT_SHIFT) - 1
+ONCE = 1 << COUNT_SHIFT
+
+# meta's counters
+KEYS = 0  # keys in the table (seeded ones not touched yet included)
+HEAD = 1  # least recently used key (-1: none)
+TAIL = 2  # most recently used key (-1: none)
+COUNT = 3  # continuations held by keys stored here
+SEEDED_KEYS = 4  # seeded keys not touched yet
+SEEDED_COUNT = 5  # the continuations those keys will hold
+FREE = 6  # first free key index (a list through links[:, NEXT]; -1: none)
+TOP = 7  # key indices ever handed out
+META_SIZE = 8
+
+PREV, NEXT, ROW, HELD = 0, 1, 2, 3  # links' columns
+
+
+def new_meta() -> np.ndarray:
+    meta = np.zeros(META_SIZE, dtype=np.int64)
+    meta[HEAD] = meta[TAIL] = meta[FREE] = -1
+    return meta
+
+
+@njit(cache=True, inline="always")
+def _hash(tokens) -> np.uint64:
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for t in tokens:
+        h = (h ^ np.uint64(t)) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+@njit(cache=True)
+def _find(slots, keys, key) -> tuple[int, int]:
+    """(the key's index or -1, its slot or the empty slot where it would go)."""
+    mask = len(slots) - 1
+    s = np.int64(_hash(key) & np.uint64(mask))
+    ctx = len(key)
+    while True:
+        i = slots[s]
+        if i < 0:
+            return -1, s
+        same = True
+        for j in range(ctx):
+            if keys[i, j] != key[j]:
+                same = False
+                break
+        if same:
+            return i, s
+        s = (s + 1) & mask
+
+
+@njit(cache=True)
+def _unslot(slots, keys, s) -> None:
+    """Empty slot ``s``, shifting back the entries after it that probed past it."""
+    mask = len(slots) - 1
+    hole = s
+    j = s
+    while True:
+        j = (j + 1) & mask
+        i = slots[j]
+        if i < 0:
+            break
+        home = np.int64(_hash(keys[i]) & np.uint64(mask))
+        # the entry at j stays where its home lies cyclically in (hole, j]
+        if (hole < j and hole < home <= j) or (hole > j and (home > hole or home <= j)):
+            continue
+        slots[hole] = i
+        hole = j
+    slots[hole] = -1
+
+
+@njit(cache=True, inline="always")
+def _unlink(links, meta, i) -> None:
+    prev, nxt = links[i, PREV], links[i, NEXT]
+    if prev >= 0:
+        links[prev, NEXT] = nxt
+    else:
+        meta[HEAD] = nxt
+    if nxt >= 0:
+        links[nxt, PREV] = prev
+    else:
+        meta[TAIL] = prev
+
+
+@njit(cache=True, inline="always")
+def _append(links, meta, i) -> None:
+    tail = meta[TAIL]
+    links[i, PREV] = tail
+    links[i, NEXT] = -1
+    if tail >= 0:
+        links[tail, NEXT] = i
+    else:
+        meta[HEAD] = i
+    meta[TAIL] = i
+
+
+@njit(cache=True)
+def _added(conts, entries, n, seq, at, source) -> int:
+    """Add ``seq[at : at + L]`` to one key's ``n`` continuations (``conts`` (G, L), ``entries``
+    (G,)) as the most recent: an equal one moves to the end, counted once more, its source the
+    lowest seen; else it is appended, the least recent dropped from a full key.  Returns the
+    continuations held after."""
+    G, L = conts.shape
+    for j in range(n):
+        same = True
+        for k in range(L):
+            if conts[j, k] != seq[at + k]:
+                same = False
+                break
+        if same:
+            e = entries[j]
+            e = min(e & SOURCE_MASK, source) | ((e & ~SOURCE_MASK) + ONCE)
+            for m in range(j, n - 1):
+                conts[m] = conts[m + 1]
+                entries[m] = entries[m + 1]
+            for k in range(L):
+                conts[n - 1, k] = seq[at + k]
+            entries[n - 1] = e
+            return n
+    if n == G:
+        for m in range(n - 1):
+            conts[m] = conts[m + 1]
+            entries[m] = entries[m + 1]
+        n -= 1
+    for k in range(L):
+        conts[n, k] = seq[at + k]
+    entries[n] = source | ONCE
+    return n + 1
+
+
+@njit(cache=True)
+def _replay(conts, entries, row, p_starts, p_order, p_seq, ctx, source) -> int:
+    """A seeded key's continuations, in the order its text said them, into empty ``conts`` /
+    ``entries``; returns how many it holds."""
+    n = 0
+    for q in range(p_starts[row], p_starts[row + 1]):
+        n = _added(conts, entries, n, p_seq, p_order[q] + ctx, source)
+    return n
+
+
+@njit(cache=True)
+def _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, ctx, source) -> None:
+    """A seeded key touched for the first time: its text's continuations stored."""
+    row = links[i, ROW]
+    n = _replay(conts[i], entries[i], row, p_starts, p_order, p_seq, ctx, source)
+    links[i, ROW] = -1
+    links[i, HELD] = n
+    meta[COUNT] += n
+    meta[SEEDED_KEYS] -= 1
+    meta[SEEDED_COUNT] -= p_held[row]
+
+
+@njit(cache=True)
+def _evict_head(slots, keys, links, meta, p_held) -> None:
+    """The least recently used key leaves (a seeded key never touched before any other)."""
+    i = meta[HEAD]
+    _unlink(links, meta, i)
+    _, s = _find(slots, keys, keys[i])
+    _unslot(slots, keys, s)
+    row = links[i, ROW]
+    if row >= 0:
+        meta[SEEDED_KEYS] -= 1
+        meta[SEEDED_COUNT] -= p_held[row]
+    else:
+        meta[COUNT] -= links[i, HELD]
+    meta[KEYS] -= 1
+    links[i, NEXT] = meta[FREE]
+    meta[FREE] = i
+
+
+@njit(cache=True)
+def _new_index(links, meta) -> int:
+    i = meta[FREE]
+    if i >= 0:
+        meta[FREE] = links[i, NEXT]
+    else:
+        i = meta[TOP]
+        meta[TOP] += 1
+    return i
+
+
+@njit(cache=True)
+def add_ngrams(
+    slots, keys, links, conts, entries, meta, p_starts, p_order, p_seq, p_held,
+    seq, first, stride, count, max_keys, source, seeded_source,
+) -> None:  # fmt: skip
+    """Add the n-grams ``seq[p : p + ctx + L]`` for ``p = first + k * stride``, ``k < count``, in
+    order, each under its first ``ctx`` tokens as the most recent continuation of the most
+    recent key (a key new to a pool of ``max_keys`` keys evicts the least recent first)."""
+    ctx = keys.shape[1]
+    for k in range(count):
+        p = first + k * stride
+        key = seq[p : p + ctx]
+        i, s = _find(slots, keys, key)
+        if i >= 0:
+            _unlink(links, meta, i)
+            if links[i, ROW] >= 0:
+                _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, ctx, seeded_source)
+        else:
+            if meta[KEYS] >= max_keys:
+                _evict_head(slots, keys, links, meta, p_held)
+                _, s = _find(slots, keys, key)
+            i = _new_index(links, meta)
+            keys[i] = key
+            slots[s] = i
+            links[i, ROW] = -1
+            links[i, HELD] = 0
+            meta[KEYS] += 1
+        _append(links, meta, i)
+        n = links[i, HELD]
+        held = _added(conts[i], entries[i], n, seq, p + ctx, source)
+        links[i, HELD] = held
+        meta[COUNT] += held - n
+
+
+@njit(cache=True)
+def get_into(
+    slots, keys, links, conts, entries, meta, p_starts, p_order, p_seq, p_held,
+    key, limit, seeded_source, out, out_sources,
+) -> int:  # fmt: skip
+    """Up to ``limit`` continuations of ``key`` into ``out`` / ``out_sources``, most recent
+    first (the key becomes the most recent; nothing is stored for a key not held); returns
+    how many."""
+    i, _ = _find(slots, keys, key)
+    if i < 0:
+        return 0
+    _unlink(links, meta, i)
+    _append(links, meta, i)
+    if links[i, ROW] >= 0:
+        _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, keys.shape[1], seeded_source)
+    n = links[i, HELD]
+    m = min(n, limit)
+    for j in range(m):
+        out[j] = conts[i, n - 1 - j]
+        out_sources[j] = entries[i, n - 1 - j] & SOURCE_MASK
+    return m
+
+
+@njit(cache=True)
+def support_of(
+    slots, keys, links, conts, entries, p_starts, p_order, p_seq, key, first, seeded_source, scratch, scratch_entries
+) -> int:
+    """How many times continuations of ``key`` that begin with ``first`` were added (the LRU
+    order untouched; a seeded key not touched yet is replayed into ``scratch``, not stored)."""
+    i, _ = _find(slots, keys, key)
+    if i < 0:
+        return 0
+    row = links[i, ROW]
+    if row >= 0:
+        n = _replay(scratch, scratch_entries, row, p_starts, p_order, p_seq, keys.shape[1], seeded_source)
+        held, held_entries = scratch, scratch_entries
+    else:
+        n = links[i, HELD]
+        held, held_entries = conts[i], entries[i]
+    total = 0
+    for j in range(n):
+        if held[j, 0] == first:
+            total += held_entries[j] >> COUNT_SHIFT
+    return total
+
+
+@njit(cache=True)
+def seed_keys(slots, keys, links, meta, p_seq, first_said, rows, p_held) -> None:
+    """Put a seeded text's keys in an empty table, least recently said first: key ``k`` is
+    ``p_seq[first_said[k] :][:ctx]``, its continuations row ``rows[k]`` of the text's index."""
+    ctx = keys.shape[1]
+    for k in range(len(rows)):
+        key = p_seq[first_said[k] : first_said[k] + ctx]
+        _, s = _find(slots, keys, key)
+        i = _new_index(links, meta)
+        keys[i] = key
+        slots[s] = i
+        links[i, ROW] = rows[k]
+        links[i, HELD] = 0
+        _append(links, meta, i)
+        meta[KEYS] += 1
+        meta[SEEDED_KEYS] += 1
+        meta[SEEDED_COUNT] += p_held[rows[k]]
+
+
+@njit(cache=True)
+def rehash(slots, keys, links, meta) -> None:
+    """Fill empty ``slots`` with the table's keys (after the arrays grew)."""
+    i = meta[HEAD]
+    while i >= 0:
+        _, s = _find(slots, keys, keys[i])
+        slots[s] = i
+        i = links[i, NEXT]
+
+
+@njit(cache=True)
+def lru_keys(links, meta, out) -> int:
+    """The indices of the keys stored here (seeded ones not touched left out), least recent
+    first, into ``out``; returns how many."""
+    n = 0
+    i = meta[HEAD]
+    while i >= 0:
+        if links[i, ROW] < 0:
+            out[n] = i
+            n += 1
+        i = links[i, NEXT]
+    return n
