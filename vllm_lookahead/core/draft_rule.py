@@ -411,7 +411,32 @@ def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _S
         step.time += dt
         if i < o.lead:
             heapq.heappush(heap, (-o.lead_gains[i], r, i + 1))
+    _drop_leads_that_lower_the_rate(options, cost, step, lead)
     return lead
+
+
+def _drop_leads_that_lower_the_rate(
+    options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int]
+) -> None:
+    """A priced lead is taken when some prefix of it pays its price against the step as planned so
+    far -- which may still be paying an earlier lead's price that its later tokens recover; in
+    the end that lead can lower the step's E / T.  Such leads are dropped, the one whose removal
+    raises E / T most first, until removing none of them would."""
+    while True:
+        rate, worst, drop = step.expected / step.time, -1, (0.0, 0.0, 0.0)
+        for r, o in enumerate(options):
+            if o is None or not lead[r] or o.fixed_seconds <= 0:
+                continue
+            gained = sum(o.lead_gains[: lead[r]])
+            fixed = step.fixed - o.fixed_seconds - gained * o.token_seconds
+            time = cost.forward(step.tokens - lead[r], step.tree_rows) + fixed
+            if (step.expected - gained) > rate * time:
+                rate, worst, drop = (step.expected - gained) / time, r, (gained, fixed, time)
+        if worst < 0:
+            return
+        step.tokens -= lead[worst]
+        step.expected, step.fixed, step.time = step.expected - drop[0], drop[1], drop[2]
+        lead[worst] = 0
 
 
 def _lead_pays_its_price(o: DraftOptions, cost: StepCost, step: _Step) -> bool:
