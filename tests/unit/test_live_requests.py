@@ -43,24 +43,40 @@ def test_a_new_step_drops_outcomes_no_proposal_observed_and_preemption_voids_dra
     assert len(live) == 3
 
 
+def _resting(live: LiveRequests, req_id: str) -> bool:
+    return live.proposing([req_id], [[1]]) == []
+
+
 def test_a_request_offered_for_nothing_rests_longer_each_time_and_a_draft_ends_it():
     live = LiveRequests()
     rests = []
     for _ in range(6):
         live.offered("a", drafted=False, max_rest=8)
         skipped = 0
-        while live.resting("a"):
+        while _resting(live, "a"):
             skipped += 1
         rests.append(skipped)
     assert rests == [0, 1, 2, 4, 8, 8]
     live.offered("a", drafted=True, max_rest=8)
     live.offered("a", drafted=False, max_rest=8)
-    assert not live.resting("a")  # one proposal for nothing after a draft: no rest yet
+    assert not _resting(live, "a")  # one proposal for nothing after a draft: no rest yet
     live.offered("a", drafted=False, max_rest=0)
-    assert not live.resting("a")  # where rests do not pay: none
+    assert not _resting(live, "a")  # where rests do not pay: none
     live.offered("a", drafted=False, max_rest=8)
     live.set_outcome("a", SimpleNamespace())
-    assert not live.resting("a")  # an outcome to observe is never skipped
+    assert not _resting(live, "a")  # an outcome to observe is never skipped
+
+
+def test_a_step_proposes_for_every_request_but_those_resting_with_new_tokens():
+    live = LiveRequests()
+    for req_id in ("idle", "no tokens", "outcome"):
+        for _ in range(2):  # two proposals for nothing: a rest of one
+            live.offered(req_id, drafted=False, max_rest=8)
+    live.set_outcome("outcome", SimpleNamespace())
+    ids = ["new", "idle", "no tokens", "outcome", "past the sampled"]
+    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 2, 3, 4]
+    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 1, 2, 3, 4]  # "idle" rested its one proposal
+    assert live.proposing(["no tokens"], [[4]]) == []  # its rest was not spent while it had no tokens
 
 
 def test_the_pool_count_follows_the_requests_counted_again():

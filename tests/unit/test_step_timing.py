@@ -4,11 +4,13 @@ request stops proposing for a while -- both under the draft rule only."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core.decayed import DecayedRatio
-from vllm_lookahead.engine.propose.step_timing import StepTiming
+from vllm_lookahead.engine.propose.step_timing import StepTiming, decode_only
 
 
 def test_a_decayed_ratio_is_a_mean_per_unit_that_forgets_the_past_geometrically():
@@ -92,3 +94,14 @@ def test_an_idle_request_may_rest_only_where_proposing_is_a_large_share_of_the_s
     capped = StepTiming(LookaheadConfig(max_tokens_per_step=0))  # full trees: no draft rule, no rests
     capped.proposed_for(0.0016, 16)
     assert capped.request_rest(16) == 0
+
+
+def test_a_decode_only_step_schedules_one_token_per_request_plus_its_drafts():
+    def step(counts, spec=None):
+        return SimpleNamespace(num_scheduled_tokens=counts, scheduled_spec_decode_tokens=spec)
+
+    assert not decode_only(step({}))
+    assert decode_only(step({"a": 1, "b": 1})) and decode_only(step({"a": 1, "b": 1}, {}))
+    assert not decode_only(step({"a": 1, "b": 7}))  # b's prefill chunk
+    assert decode_only(step({"a": 3, "b": 1}, {"a": [5, 6]}))
+    assert not decode_only(step({"a": 3, "b": 2}, {"a": [5, 6]}))

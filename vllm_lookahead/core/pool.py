@@ -66,7 +66,7 @@ def int_array(tokens: Sequence[int]) -> np.ndarray:
     return tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 else np.asarray(tokens, np.int64)
 
 
-_FIRST_KEYS = 64  # key capacity of a new pool's arrays (doubled as it grows)
+_FIRST_KEYS = 256  # key capacity of a new pool's arrays
 
 
 class NgramPool:
@@ -117,7 +117,10 @@ class NgramPool:
         """Grow the arrays where ``new_keys`` more keys might not fit."""
         need = min(int(self._meta[TOP]) + new_keys, self.max_keys)
         if need > self._capacity:
-            self._grow(min(max(need, 2 * self._capacity, _FIRST_KEYS), self.max_keys))
+            # four times while small (a request's pools grow through their first thousands of
+            # keys within its first steps), twice once large
+            factor = 4 if self._capacity < 4096 else 2
+            self._grow(min(max(need, factor * self._capacity, _FIRST_KEYS), self.max_keys))
 
     def _state(self) -> tuple:
         t = self._text

@@ -227,13 +227,14 @@ class RunnerLookahead:
         for pooled in self.pooled.values():
             pooled.age()
         max_rest = self.timing.request_rest(decoding) if rule and can_draft else 0
-        drafts: list[list[int]] = []
+        req_ids = self.runner.input_batch.req_ids
+        drafts: list[list[int]] = [[] for _ in req_ids]
         wanted: list[tuple[int, str, DraftRequest, ThinkingLimit | None]] = []
-        for i, req_id in enumerate(self.runner.input_batch.req_ids):
-            drafts.append([])
+        # an idle request resting: no lookups this step, its pools catch up when it proposes again
+        proposing = self.live.proposing(req_ids, sampled_token_ids) if can_draft else range(len(req_ids))
+        for i in proposing:
+            req_id = req_ids[i]
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            if new_tokens and can_draft and self.live.resting(req_id):
-                continue  # idle: no lookups this step, its pools catch up when it proposes again
             history = token_ids_cpu[i, : int(num_tokens_no_spec[i])] if new_tokens else None
             state = self._observe(req_id, new_tokens, history, can_draft)
             if state is None or not can_draft:

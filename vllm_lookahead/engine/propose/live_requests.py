@@ -109,14 +109,18 @@ class LiveRequests:
         outcome, record.outcome, record.draft = record.outcome, None, None
         return outcome
 
-    def resting(self, req_id: str) -> bool:
-        """Whether the request skips this proposal (one of its rest's proposals is spent); never
-        while it has an outcome to observe."""
-        record = self._records.get(req_id)
-        if record is None or record.rest <= 0 or record.outcome is not None:
-            return False
-        record.rest -= 1
-        return True
+    def proposing(self, req_ids: list[str], sampled: list[list[int]]) -> list[int]:
+        """The indices of ``req_ids`` that propose this step, in one pass (a step at 1,024 in flight
+        rests most of them): a request with new tokens (``sampled[i]``) resting skips it and spends
+        one of its rest's proposals; one with an outcome to observe never rests."""
+        records, count, out = self._records, len(sampled), []
+        for i, req_id in enumerate(req_ids):
+            record = records.get(req_id)
+            if record is not None and record.rest > 0 and record.outcome is None and i < count and sampled[i]:
+                record.rest -= 1
+            else:
+                out.append(i)
+        return out
 
     def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
         """The request was offered to the draft rule and ``drafted`` or not: after two proposals

@@ -199,4 +199,8 @@ def decode_only(scheduler_output: Any) -> bool:
     time the cost model learns from (a prefill chunk's cost is not a decode step's)."""
     spec = scheduler_output.scheduled_spec_decode_tokens or {}
     counts = scheduler_output.num_scheduled_tokens
-    return bool(counts) and all(n == 1 + len(spec.get(r, ())) for r, n in counts.items())
+    if not counts:
+        return False
+    if not spec:  # no drafts (most steps of a full batch): one token each, checked in C
+        return max(counts.values()) == 1
+    return all(n == 1 + len(spec.get(r, ())) for r, n in counts.items())
