@@ -12,20 +12,14 @@ The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G
 - ``slots`` int32 ``(S,)``: an open-addressing hash table (linear probing, backward-shift
   deletion, ``S`` a power of two at least twice the key capacity) of key indices, -1 empty;
 - ``keys`` int32 ``(C, ctx)``: each key's tokens;
-- ``links`` int64 ``(C, 4)``: the key LRU as a doubly linked list (previous, next: least recent
-  key first), the key's row in a seeded text's index (-1: stored here), its continuations held;
+- ``links`` int64 ``(C, 3)``: the key LRU as a doubly linked list (previous, next: least recent
+  key first) and the key's continuations held;
 - ``conts`` int32 ``(C, G, L)`` and ``entries`` int64 ``(C, G)``: a key's continuations, least
   recent first, each with its entry -- the :class:`~.source.Source` in the low
   :data:`COUNT_SHIFT` bits, the times it was added above them;
-- ``meta`` int64 ``(8,)``: the counters below (``KEYS`` .. ``TOP``).
+- ``meta`` int64 ``(6,)``: the counters below (``KEYS`` .. ``TOP``).
 
-A seeded text (:mod:`.prompt_ngrams`) puts its keys in the table at once, least recently said
-first, each pointing at its row of the text's index (``p_starts``, ``p_order``, ``p_seq``,
-``p_held``): its continuations are replayed in the order the text said them the first time the
-pool touches the key (a lookup or a new n-gram under it), so the table holds exactly what adding
-the text n-gram by n-gram would have stored, and a key never touched costs one row.  Those keys
-are older than any key stored since, so a full pool evicts them first, as the sequential adds
-would.  The Python side (:class:`~.pool.NgramPool`) grows the arrays before a call that could
+The Python side (:class:`~.pool.NgramPool`) grows the arrays before a call that could
 outgrow them (:func:`rehash`); nothing here allocates.
 """
 
@@ -39,17 +33,15 @@ SOURCE_MASK = (1 << COUNT_SHIFT) - 1
 ONCE = 1 << COUNT_SHIFT
 
 # meta's counters
-KEYS = 0  # keys in the table (seeded ones not touched yet included)
+KEYS = 0  # keys in the table
 HEAD = 1  # least recently used key (-1: none)
 TAIL = 2  # most recently used key (-1: none)
-COUNT = 3  # continuations held by keys stored here
-SEEDED_KEYS = 4  # seeded keys not touched yet
-SEEDED_COUNT = 5  # the continuations those keys will hold
-FREE = 6  # first free key index (a list through links[:, NEXT]; -1: none)
-TOP = 7  # key indices ever handed out
-META_SIZE = 8
+COUNT = 3  # continuations held
+FREE = 4  # first free key index (a list through links[:, NEXT]; -1: none)
+TOP = 5  # key indices ever handed out
+META_SIZE = 6
 
-PREV, NEXT, ROW, HELD = 0, 1, 2, 3  # links' columns
+PREV, NEXT, HELD = 0, 1, 2  # links' columns
 
 
 def new_meta() -> np.ndarray:
@@ -167,40 +159,13 @@ def _added(conts, entries, n, seq, at, source) -> int:
 
 
 @njit(cache=True)
-def _replay(conts, entries, row, p_starts, p_order, p_seq, ctx, source) -> int:
-    """A seeded key's continuations, in the order its text said them, into empty ``conts`` /
-    ``entries``; returns how many it holds."""
-    n = 0
-    for q in range(p_starts[row], p_starts[row + 1]):
-        n = _added(conts, entries, n, p_seq, p_order[q] + ctx, source)
-    return n
-
-
-@njit(cache=True)
-def _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, ctx, source) -> None:
-    """A seeded key touched for the first time: its text's continuations stored."""
-    row = links[i, ROW]
-    n = _replay(conts[i], entries[i], row, p_starts, p_order, p_seq, ctx, source)
-    links[i, ROW] = -1
-    links[i, HELD] = n
-    meta[COUNT] += n
-    meta[SEEDED_KEYS] -= 1
-    meta[SEEDED_COUNT] -= p_held[row]
-
-
-@njit(cache=True)
-def _evict_head(slots, keys, links, meta, p_held) -> None:
-    """The least recently used key leaves (a seeded key never touched before any other)."""
+def _evict_head(slots, keys, links, meta) -> None:
+    """The least recently used key leaves."""
     i = meta[HEAD]
     _unlink(links, meta, i)
     _, s = _find(slots, keys, keys[i])
     _unslot(slots, keys, s)
-    row = links[i, ROW]
-    if row >= 0:
-        meta[SEEDED_KEYS] -= 1
-        meta[SEEDED_COUNT] -= p_held[row]
-    else:
-        meta[COUNT] -= links[i, HELD]
+    meta[COUNT] -= links[i, HELD]
     meta[KEYS] -= 1
     links[i, NEXT] = meta[FREE]
     meta[FREE] = i
@@ -218,10 +183,7 @@ def _new_index(links, meta) -> int:
 
 
 @njit(cache=True)
-def add_ngrams(
-    slots, keys, links, conts, entries, meta, p_starts, p_order, p_seq, p_held,
-    seq, first, stride, count, max_keys, source, seeded_source,
-) -> None:  # fmt: skip
+def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, count, max_keys, source) -> None:
     """Add the n-grams ``seq[p : p + ctx + L]`` for ``p = first + k * stride``, ``k < count``, in
     order, each under its first ``ctx`` tokens as the most recent continuation of the most
     recent key (a key new to a pool of ``max_keys`` keys evicts the least recent first)."""
@@ -232,16 +194,13 @@ def add_ngrams(
         i, s = _find(slots, keys, key)
         if i >= 0:
             _unlink(links, meta, i)
-            if links[i, ROW] >= 0:
-                _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, ctx, seeded_source)
         else:
             if meta[KEYS] >= max_keys:
-                _evict_head(slots, keys, links, meta, p_held)
+                _evict_head(slots, keys, links, meta)
                 _, s = _find(slots, keys, key)
             i = _new_index(links, meta)
             keys[i] = key
             slots[s] = i
-            links[i, ROW] = -1
             links[i, HELD] = 0
             meta[KEYS] += 1
         _append(links, meta, i)
@@ -252,10 +211,7 @@ def add_ngrams(
 
 
 @njit(cache=True)
-def get_into(
-    slots, keys, links, conts, entries, meta, p_starts, p_order, p_seq, p_held,
-    key, limit, seeded_source, out, out_sources,
-) -> int:  # fmt: skip
+def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sources) -> int:
     """Up to ``limit`` continuations of ``key`` into ``out`` / ``out_sources``, most recent
     first (the key becomes the most recent; nothing is stored for a key not held); returns
     how many."""
@@ -264,8 +220,6 @@ def get_into(
         return 0
     _unlink(links, meta, i)
     _append(links, meta, i)
-    if links[i, ROW] >= 0:
-        _materialize(links, conts, entries, meta, i, p_starts, p_order, p_seq, p_held, keys.shape[1], seeded_source)
     n = links[i, HELD]
     m = min(n, limit)
     for j in range(m):
@@ -275,45 +229,17 @@ def get_into(
 
 
 @njit(cache=True)
-def support_of(
-    slots, keys, links, conts, entries, p_starts, p_order, p_seq, key, first, seeded_source, scratch, scratch_entries
-) -> int:
+def support_of(slots, keys, links, conts, entries, key, first) -> int:
     """How many times continuations of ``key`` that begin with ``first`` were added (the LRU
-    order untouched; a seeded key not touched yet is replayed into ``scratch``, not stored)."""
+    order untouched)."""
     i, _ = _find(slots, keys, key)
     if i < 0:
         return 0
-    row = links[i, ROW]
-    if row >= 0:
-        n = _replay(scratch, scratch_entries, row, p_starts, p_order, p_seq, keys.shape[1], seeded_source)
-        held, held_entries = scratch, scratch_entries
-    else:
-        n = links[i, HELD]
-        held, held_entries = conts[i], entries[i]
     total = 0
-    for j in range(n):
-        if held[j, 0] == first:
-            total += held_entries[j] >> COUNT_SHIFT
+    for j in range(links[i, HELD]):
+        if conts[i, j, 0] == first:
+            total += entries[i, j] >> COUNT_SHIFT
     return total
-
-
-@njit(cache=True)
-def seed_keys(slots, keys, links, meta, p_seq, first_said, rows, p_held) -> None:
-    """Put a seeded text's keys in an empty table, least recently said first: key ``k`` is
-    ``p_seq[first_said[k] :][:ctx]``, its continuations row ``rows[k]`` of the text's index."""
-    ctx = keys.shape[1]
-    for k in range(len(rows)):
-        key = p_seq[first_said[k] : first_said[k] + ctx]
-        _, s = _find(slots, keys, key)
-        i = _new_index(links, meta)
-        keys[i] = key
-        slots[s] = i
-        links[i, ROW] = rows[k]
-        links[i, HELD] = 0
-        _append(links, meta, i)
-        meta[KEYS] += 1
-        meta[SEEDED_KEYS] += 1
-        meta[SEEDED_COUNT] += p_held[rows[k]]
 
 
 @njit(cache=True)
@@ -327,14 +253,11 @@ def rehash(slots, keys, links, meta) -> None:
 
 
 @njit(cache=True)
-def lru_keys(links, meta, out) -> int:
-    """The indices of the keys stored here (seeded ones not touched left out), least recent
-    first, into ``out``; returns how many."""
+def lru_keys(links, meta, out) -> None:
+    """The indices of the table's keys, least recent first, into ``out`` (``KEYS`` long)."""
     n = 0
     i = meta[HEAD]
     while i >= 0:
-        if links[i, ROW] < 0:
-            out[n] = i
-            n += 1
+        out[n] = i
+        n += 1
         i = links[i, NEXT]
-    return n

@@ -38,7 +38,6 @@ from .ngram_table import (
     COUNT_SHIFT,
     HELD,
     KEYS,
-    SEEDED_COUNT,
     SOURCE_MASK,
     TOP,
     add_ngrams,
@@ -46,10 +45,8 @@ from .ngram_table import (
     lru_keys,
     new_meta,
     rehash,
-    seed_keys,
     support_of,
 )
-from .prompt_ngrams import TextIndex
 from .source import Source
 
 if TYPE_CHECKING:
@@ -83,9 +80,7 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
-        self._seeded_source = int(Source.PROMPT)
         self._meta = new_meta()
-        self._text = TextIndex((), context, self.span, guess_set_size, max_keys)
         self._capacity = 0  # keys the arrays hold: none until the first key (_room)
         self._keys = self._links = self._conts = self._entries = self._slots = None
         width = max(1, guess_set_size)
@@ -98,7 +93,7 @@ class NgramPool:
         old = self._keys
         # a key's row is written whole when it is handed out, its continuations as they come
         keys = np.empty((capacity, self.context), dtype=np.int32)
-        links = np.empty((capacity, 4), dtype=np.int64)
+        links = np.empty((capacity, 3), dtype=np.int64)
         conts = np.empty((capacity, G, L), dtype=np.int32)
         entries = np.empty((capacity, G), dtype=np.int64)
         if old is not None:
@@ -123,19 +118,7 @@ class NgramPool:
             self._grow(min(max(need, factor * self._capacity, _FIRST_KEYS), self.max_keys))
 
     def _state(self) -> tuple:
-        t = self._text
-        return (
-            self._slots,
-            self._keys,
-            self._links,
-            self._conts,
-            self._entries,
-            self._meta,
-            t.starts,
-            t.order,
-            t.seq,
-            t.held,
-        )
+        return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
 
     def _key(self, key: int | Sequence[int]) -> np.ndarray | None:
         """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence; None:
@@ -163,26 +146,7 @@ class NgramPool:
         if self.guess_set_size == 0 or not len(ngrams):
             return
         self._room(len(ngrams))
-        add_ngrams(
-            *self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source), self._seeded_source
-        )
-
-    def seed(self, tokens: Sequence[int], source: Source = Source.PROMPT) -> None:
-        """:meth:`add_sequence` of a whole text into an empty pool, in O(text) numpy work: each
-        key's n-grams are stored when the pool first touches the key
-        (:class:`~.prompt_ngrams.TextIndex`), exactly as adding them one by one would have."""
-        if self._meta[KEYS]:
-            raise ValueError("seed() fills an empty pool")
-        if self.guess_set_size == 0:
-            return
-        self._text = text = TextIndex(tokens, self.context, self.span, self.guess_set_size, self.max_keys)
-        self._seeded_source = int(source)
-        if not len(text.kept_rows):
-            return
-        self._room(len(text.kept_rows))
-        seed_keys(
-            self._slots, self._keys, self._links, self._meta, text.seq, text.kept_first, text.kept_rows, text.held
-        )
+        add_ngrams(*self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source))
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
@@ -194,7 +158,7 @@ class NgramPool:
             return
         self._room(count)
         seq = int_array(tokens)
-        add_ngrams(*self._state(), seq, first, 1, count, self.max_keys, int(source), self._seeded_source)
+        add_ngrams(*self._state(), seq, first, 1, count, self.max_keys, int(source))
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
@@ -213,9 +177,7 @@ class NgramPool:
         last ``context`` are read): a caller asking several pools makes the array once."""
         if limit <= 0 or not self._meta[KEYS]:
             return []
-        n = get_into(
-            *self._state(), text[len(text) - self.context :], limit, self._seeded_source, self._out, self._out_sources
-        )
+        n = get_into(*self._state(), text[len(text) - self.context :], limit, self._out, self._out_sources)
         if not n:
             return []
         return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
@@ -226,15 +188,10 @@ class NgramPool:
         k = self._key(key)
         if k is None or not self._meta[KEYS]:
             return 0
-        t = self._text
-        return int(support_of(
-            self._slots, self._keys, self._links, self._conts, self._entries, t.starts, t.order, t.seq,
-            k, int(first), self._seeded_source, self._out, self._out_sources,
-        ))  # fmt: skip
+        return int(support_of(self._slots, self._keys, self._links, self._conts, self._entries, k, int(first)))
 
     def keys(self) -> list[tuple[int, ...]]:
-        """The keys stored so far, least recent first, as tokens (a seeded text's keys not
-        touched yet left out)."""
+        """The keys stored so far, least recent first, as tokens."""
         return [tuple(self._keys[i].tolist()) for i in self._stored()]
 
     def items(self) -> list[tuple[tuple[int, ...], list[tuple[tuple[int, ...], int, int]]]]:
@@ -252,12 +209,12 @@ class NgramPool:
 
     def _stored(self) -> np.ndarray:
         out = np.zeros(int(self._meta[KEYS]), dtype=np.int64)
-        if not len(out):
-            return out
-        return out[: lru_keys(self._links, self._meta, out)]
+        if len(out):
+            lru_keys(self._links, self._meta, out)
+        return out
 
     def __len__(self) -> int:
-        return int(self._meta[COUNT] + self._meta[SEEDED_COUNT])
+        return int(self._meta[COUNT])
 
     @property
     def num_keys(self) -> int:

@@ -41,8 +41,9 @@ class RequestText:
             for k in range(config.lookup_context, 1, -1)
         ]
         if config.ablation.pool_from_prompt:
-            for pool in self.pools():  # stored key by key as the pools touch them
-                pool.seed(prompt_token_ids, source=Source.PROMPT)
+            prompt = int_array(prompt_token_ids)
+            for pool in self.pools():
+                pool.add_sequence(prompt, source=Source.PROMPT)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.prompt_len = len(prompt_token_ids)
 
