@@ -110,8 +110,9 @@ class NgramPool:
 
     def _room(self, new_keys: int) -> None:
         """Grow the arrays where ``new_keys`` more keys might not fit."""
-        need = min(int(self._meta[TOP]) + new_keys, self.max_keys)
-        if need > self._capacity:
+        need = int(self._meta[TOP]) + new_keys
+        if need > self._capacity and self._capacity < self.max_keys:
+            need = min(need, self.max_keys)
             # four times while small (a request's pools grow through their first thousands of
             # keys within its first steps), twice once large
             factor = 4 if self._capacity < 4096 else 2
@@ -181,6 +182,14 @@ class NgramPool:
         if not n:
             return []
         return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
+
+    def first_after(self, text: np.ndarray) -> tuple[tuple[int, ...], int] | None:
+        """``get_after(text, 1)``'s one answer (None: nothing), without building a list."""
+        if not self._meta[KEYS] or not get_into(
+            *self._state(), text[len(text) - self.context :], 1, self._out, self._out_sources
+        ):
+            return None
+        return tuple(self._out[0].tolist()), int(self._out_sources[0])
 
     def support(self, key: int | Sequence[int], first: int) -> int:
         """How many times n-grams stored under ``key`` that begin with ``first`` were added

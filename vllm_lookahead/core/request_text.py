@@ -136,9 +136,9 @@ class RequestText:
         text = np.array(tokens, dtype=np.int64)
         for pool in self._lookup_pools():
             if len(text) >= pool.context:
-                found = pool.get_after(text, 1)
-                if found:
-                    return found[0]
+                found = pool.first_after(text)
+                if found is not None:
+                    return found
         return None
 
     def _ints(self, recent: Sequence[int]) -> list[int]:
