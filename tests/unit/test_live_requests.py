@@ -57,6 +57,14 @@ def test_a_request_offered_for_nothing_rests_longer_each_time_and_a_draft_ends_i
             skipped += 1
         rests.append(skipped)
     assert rests == [0, 1, 2, 4, 8, 8]
+    long, first = [], LiveRequests()  # its first record: a phase of 0, no rest cut
+    for _ in range(7):  # where rests are long, the first is already a sixteenth of the longest
+        first.offered("b", drafted=False, max_rest=128)
+        skipped = 0
+        while _resting(first, "b"):
+            skipped += 1
+        long.append(skipped)
+    assert long == [0, 8, 16, 32, 64, 128, 128]
     live.offered("a", drafted=True, max_rest=8)
     live.offered("a", drafted=False, max_rest=8)
     assert not _resting(live, "a")  # one proposal for nothing after a draft: no rest yet

@@ -125,13 +125,16 @@ class LiveRequests:
     def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
         """The request was offered to the draft rule and ``drafted`` or not: after two proposals
         running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
-        rest), and a draft ends its idleness.  Each rest is cut by a share of up to half that
+        rest), and a draft ends its idleness.  Where ``max_rest`` is long (proposing for every
+        request would cost a large share of the forward: hundreds of requests in flight) the first
+        rest is already ``max_rest / 16``, so that each new request's way up to it costs a few
+        proposals, not eight.  Each rest is cut by a share of up to half that
         differs between requests (their phase), so that requests that went idle together (a
         burst admitted at once, a batch where nothing pays) do not all propose again on the same
         step."""
         record = self._record(req_id)
         record.idle = 0 if drafted else record.idle + 1
-        rest = min(max_rest, 1 << (record.idle - 2)) if record.idle >= 2 else 0
+        rest = min(max_rest, max(1, max_rest >> 4) << (record.idle - 2)) if record.idle >= 2 else 0
         record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
 
     def new_step(self) -> None:
