@@ -215,8 +215,8 @@ def _proposals(p: LookaheadProposer, tokens: list[int], history: list[int]) -> t
 
 def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     """Under the draft rule, where proposing is a large share of the step, a request whose
-    proposals drafted nothing twice running skips 1, then 2, 4 ... proposals (no lookups, no
-    learning), proposes again in between, and learns the skipped tokens when it does; a draft
+    proposals drafted nothing twice running skips 8, then 16, 32 ... proposals (no lookups, no
+    learning; a sixteenth of its longest rest first), proposes again in between, and learns the skipped tokens when it does; a draft
     ends the rests."""
     from vllm_lookahead.core.step_cost import StepCost
 
@@ -224,26 +224,10 @@ def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     p.owner.timing.cost = StepCost.linear(0.0001, 0.0)  # a 0.1 ms forward: proposing costs more than 2 % of it
     _bind(p, {"a": [1, 2, 3]})
     proposed, history = _proposals(p, list(range(100, 116)), [1, 2, 3])  # new text: nothing to draft
-    assert proposed == [
-        True,
-        True,
-        False,
-        True,
-        False,
-        False,
-        True,
-        False,
-        False,
-        False,
-        False,
-        True,
-        False,
-        False,
-        False,
-        False,
-    ]
+    # its longest rest is 128 proposals, so its first is already 8, then 16 ...
+    assert proposed == [True, True] + [False] * 8 + [True] + [False] * 5
     assert p.owner.take_report()["undrafted"]["a"] == "no_candidate"  # a rest keeps the request's reason
-    for _ in range(10):  # the rest (8 proposals by now) runs out; the next proposal learns every skipped token
+    for _ in range(20):  # the rest (16 proposals by now) runs out; the next proposal learns every skipped token
         proposed, history = _proposals(p, [100], history)
         if proposed[-1]:
             break
