@@ -216,8 +216,8 @@ def _proposals(p: LookaheadProposer, tokens: list[int], history: list[int]) -> t
 def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     """Under the draft rule, where proposing is a large share of the step, a request whose
     proposals drafted nothing twice running skips 8, then 16, 32 ... proposals (no lookups, no
-    learning; a sixteenth of its longest rest first), proposes again in between, and learns the skipped tokens when it does; a draft
-    ends the rests."""
+    learning; a sixteenth of its longest rest first), proposes again in between, and learns the
+    skipped tokens when it does; a draft ends the rests."""
     from vllm_lookahead.core.step_cost import StepCost
 
     p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
