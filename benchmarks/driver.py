@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.counters import counter_delta, engine_metrics
+from benchmarks.engine_env import in_process_start
 
 ENGINE_DEFAULTS: dict[str, Any] = dict(
     dtype="float32",
@@ -186,7 +187,8 @@ class BenchEngine:
         from benchmarks.methods import engine_arguments
 
         kwargs = {**ENGINE_DEFAULTS, **engine_kwargs, **engine_arguments(speculative_config)}
-        self.llm = LLM(model=model, **kwargs)
+        with in_process_start():  # a replay before may have loaded numba
+            self.llm = LLM(model=model, **kwargs)
         self.timers = StepTimers()
         self.timers.install()
         self._next_id = 0

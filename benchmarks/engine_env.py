@@ -17,7 +17,10 @@ it as it is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 FIXED_MALLOC: dict[str, str] = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # allocations up to 32 MiB come from the heap ...
@@ -45,3 +48,37 @@ def engine_env(base: Mapping[str, str], inherit: bool = False) -> tuple[dict[str
         return env, "glibc malloc, its default thresholds (--inherit-malloc)"
     env.update(FIXED_MALLOC)
     return env, "glibc malloc, " + ", ".join(f"{k}={v}" for k, v in FIXED_MALLOC.items())
+
+
+@contextlib.contextmanager
+def in_process_start() -> Iterator[None]:
+    """Start an in-process CPU engine in a process that has already loaded numba (a test session
+    whose unit tests used the n-gram pools, a benchmark that replayed before).
+
+    vLLM 0.32's CPU worker, as it starts, reads ``vars(value).get("kernel")`` of every attribute of
+    every loaded module (``vllm.triton_utils.dispatcher._rebind_kernels``); llvmlite's ``ffi.lib``,
+    which numba loads, answers ``__dict__`` with a function wrapper and the scan raises.  Within
+    this context that scan runs with llvmlite's binding modules out of ``sys.modules`` (they hold no
+    Triton kernel).  A serving process needs none of this: it loads numba only with its first pool,
+    after its worker started (``vllm_lookahead.core.ngram_table.load``)."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # a vLLM without the CPU platform's kernel overrides
+        dispatcher = None
+    original = getattr(dispatcher, "_rebind_kernels", None)
+    if original is None:
+        yield
+        return
+
+    def rebind(*args: Any, **kwargs: Any) -> Any:
+        hidden = {name: sys.modules.pop(name) for name in list(sys.modules) if name.startswith("llvmlite.binding")}
+        try:
+            return original(*args, **kwargs)
+        finally:
+            sys.modules.update(hidden)
+
+    dispatcher._rebind_kernels = rebind
+    try:
+        yield
+    finally:
+        dispatcher._rebind_kernels = original

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from benchmarks.counters import counter_delta, engine_metrics, mean_accepted_tokens  # noqa: F401 (re-exported to the tests)
+from benchmarks.engine_env import in_process_start
 from benchmarks.methods import engine_arguments
 from benchmarks.prompts import SPECBENCH_FILE as SPECBENCH  # shipped with the package
 
@@ -191,7 +192,8 @@ def _in_process():
         envs.disable_envs_cache()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        yield
+        with in_process_start():  # the unit tests before the engines load numba
+            yield
     finally:
         if old is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)

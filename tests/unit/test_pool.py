@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -309,3 +312,20 @@ def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_se
             assert pool.support(key, arg) == model.support(key, arg)
     assert pool.items() == model.items()
     assert len(pool) == sum(len(held) for held in model.table.values()) and pool.num_keys == len(model.table)
+
+
+def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
+    """In a fresh process: loading the plugin imports no numba (vLLM's CPU worker scans every loaded
+    module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``
+    (start-up) leaves none of the loops a step calls to compile later."""
+    check = (
+        "import sys\n"
+        "from vllm_lookahead.engine.hooks import plugin\n"
+        "plugin.register()\n"
+        "assert 'numba' not in sys.modules\n"
+        "from vllm_lookahead.core import ngram_table as t\n"
+        "from vllm_lookahead.core.pool import compile_pools\n"
+        "compile_pools()\n"
+        "assert all(getattr(t, name).signatures for name in t.LOOPS), t.LOOPS\n"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True)

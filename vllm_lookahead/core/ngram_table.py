@@ -20,13 +20,15 @@ The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G
 - ``meta`` int64 ``(6,)``: the counters below (``KEYS`` .. ``TOP``).
 
 The Python side (:class:`~.pool.NgramPool`) grows the arrays before a call that could
-outgrow them (:func:`rehash`); nothing here allocates.
+outgrow them (:func:`rehash`); nothing here allocates.  The functions are compiled by
+:func:`load`, on first use (numba is not imported before).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
-from numba import njit
 
 COUNT_SHIFT = 3  # an entry: the Source in the low bits, the times added above them
 SOURCE_MASK = (1 << COUNT_SHIFT) - 1
@@ -50,7 +52,6 @@ def new_meta() -> np.ndarray:
     return meta
 
 
-@njit(cache=True, inline="always")
 def _hash(tokens) -> np.uint64:
     h = np.uint64(0x9E3779B97F4A7C15)
     for t in tokens:
@@ -59,7 +60,6 @@ def _hash(tokens) -> np.uint64:
     return h
 
 
-@njit(cache=True)
 def _find(slots, keys, key) -> tuple[int, int]:
     """(the key's index or -1, its slot or the empty slot where it would go)."""
     mask = len(slots) - 1
@@ -79,7 +79,6 @@ def _find(slots, keys, key) -> tuple[int, int]:
         s = (s + 1) & mask
 
 
-@njit(cache=True)
 def _unslot(slots, keys, s) -> None:
     """Empty slot ``s``, shifting back the entries after it that probed past it."""
     mask = len(slots) - 1
@@ -99,7 +98,6 @@ def _unslot(slots, keys, s) -> None:
     slots[hole] = -1
 
 
-@njit(cache=True, inline="always")
 def _unlink(links, meta, i) -> None:
     prev, nxt = links[i, PREV], links[i, NEXT]
     if prev >= 0:
@@ -112,7 +110,6 @@ def _unlink(links, meta, i) -> None:
         meta[TAIL] = prev
 
 
-@njit(cache=True, inline="always")
 def _append(links, meta, i) -> None:
     tail = meta[TAIL]
     links[i, PREV] = tail
@@ -124,7 +121,6 @@ def _append(links, meta, i) -> None:
     meta[TAIL] = i
 
 
-@njit(cache=True)
 def _added(conts, entries, n, seq, at, source) -> int:
     """Add ``seq[at : at + L]`` to one key's ``n`` continuations (``conts`` (G, L), ``entries``
     (G,)) as the most recent: an equal one moves to the end, counted once more, its source the
@@ -158,7 +154,6 @@ def _added(conts, entries, n, seq, at, source) -> int:
     return n + 1
 
 
-@njit(cache=True)
 def _evict_head(slots, keys, links, meta) -> None:
     """The least recently used key leaves."""
     i = meta[HEAD]
@@ -171,7 +166,6 @@ def _evict_head(slots, keys, links, meta) -> None:
     meta[FREE] = i
 
 
-@njit(cache=True)
 def _new_index(links, meta) -> int:
     i = meta[FREE]
     if i >= 0:
@@ -182,7 +176,6 @@ def _new_index(links, meta) -> int:
     return i
 
 
-@njit(cache=True)
 def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, count, max_keys, source) -> None:
     """Add the n-grams ``seq[p : p + ctx + L]`` for ``p = first + k * stride``, ``k < count``, in
     order, each under its first ``ctx`` tokens as the most recent continuation of the most
@@ -210,7 +203,6 @@ def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, cou
         meta[COUNT] += held - n
 
 
-@njit(cache=True)
 def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sources) -> int:
     """Up to ``limit`` continuations of ``key`` into ``out`` / ``out_sources``, most recent
     first (the key becomes the most recent; nothing is stored for a key not held); returns
@@ -228,7 +220,6 @@ def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sour
     return m
 
 
-@njit(cache=True)
 def support_of(slots, keys, links, conts, entries, key, first) -> int:
     """How many times continuations of ``key`` that begin with ``first`` were added (the LRU
     order untouched)."""
@@ -242,7 +233,6 @@ def support_of(slots, keys, links, conts, entries, key, first) -> int:
     return total
 
 
-@njit(cache=True)
 def rehash(slots, keys, links, meta) -> None:
     """Fill empty ``slots`` with the table's keys (after the arrays grew)."""
     i = meta[HEAD]
@@ -252,7 +242,6 @@ def rehash(slots, keys, links, meta) -> None:
         i = links[i, NEXT]
 
 
-@njit(cache=True)
 def lru_keys(links, meta, out) -> None:
     """The indices of the table's keys, least recent first, into ``out`` (``KEYS`` long)."""
     n = 0
@@ -261,3 +250,28 @@ def lru_keys(links, meta, out) -> None:
         out[n] = i
         n += 1
         i = links[i, NEXT]
+
+
+_INLINED = ("_hash", "_unlink", "_append")  # compiled into their callers
+_HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index")
+LOOPS = ("add_ngrams", "get_into", "support_of", "rehash", "lru_keys")  # what the pool calls
+loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
+
+
+def load() -> SimpleNamespace:
+    """The compiled loops (numba, ``cache=True``: compiled once per install, then read from
+    numba's cache), made on first use rather than at import: vLLM 0.32's CPU worker scans every
+    loaded module when it starts (``vllm.triton_utils.dispatcher._rebind_kernels``) and fails on
+    llvmlite's ``ffi.lib``, which importing numba loads -- a serving process makes its first pool
+    after its worker started."""
+    if not vars(loops):
+        from numba import njit
+
+        module = globals()
+        for name in _INLINED:
+            module[name] = njit(cache=True, inline="always")(module[name])
+        for name in (*_HELPERS, *LOOPS):
+            module[name] = njit(cache=True)(module[name])
+        for name in LOOPS:
+            setattr(loops, name, module[name])
+    return loops

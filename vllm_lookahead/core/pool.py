@@ -33,20 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ngram_table import (
-    COUNT,
-    COUNT_SHIFT,
-    HELD,
-    KEYS,
-    SOURCE_MASK,
-    TOP,
-    add_ngrams,
-    get_into,
-    lru_keys,
-    new_meta,
-    rehash,
-    support_of,
-)
+from .ngram_table import COUNT, COUNT_SHIFT, HELD, KEYS, SOURCE_MASK, TOP, load, new_meta
 from .source import Source
 
 if TYPE_CHECKING:
@@ -80,6 +67,7 @@ class NgramPool:
         self.ngram_size = ngram_size
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
+        self._loops = load()  # the compiled loops over the arrays below
         self._meta = new_meta()
         self._capacity = 0  # keys the arrays hold: none until the first key (_room)
         self._keys = self._links = self._conts = self._entries = self._slots = None
@@ -105,7 +93,7 @@ class NgramPool:
             )
         self._keys, self._links, self._conts, self._entries = keys, links, conts, entries
         self._slots = np.full(1 << (2 * capacity - 1).bit_length(), -1, dtype=np.int32)
-        rehash(self._slots, keys, links, self._meta)
+        self._loops.rehash(self._slots, keys, links, self._meta)
         self._capacity = capacity
 
     def _room(self, new_keys: int) -> None:
@@ -147,7 +135,7 @@ class NgramPool:
         if self.guess_set_size == 0 or not len(ngrams):
             return
         self._room(len(ngrams))
-        add_ngrams(*self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source))
+        self._loops.add_ngrams(*self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source))
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
@@ -158,8 +146,8 @@ class NgramPool:
         if self.guess_set_size == 0 or count <= 0:
             return
         self._room(count)
-        seq = int_array(tokens)
-        add_ngrams(*self._state(), seq, first, 1, count, self.max_keys, int(source))
+        seq = int_array(tokens[first:])  # the tokens the new n-grams span, converted once
+        self._loops.add_ngrams(*self._state(), seq, 0, 1, count, self.max_keys, int(source))
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
@@ -178,14 +166,14 @@ class NgramPool:
         last ``context`` are read): a caller asking several pools makes the array once."""
         if limit <= 0 or not self._meta[KEYS]:
             return []
-        n = get_into(*self._state(), text[len(text) - self.context :], limit, self._out, self._out_sources)
+        n = self._loops.get_into(*self._state(), text[len(text) - self.context :], limit, self._out, self._out_sources)
         if not n:
             return []
         return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
 
     def first_after(self, text: np.ndarray) -> tuple[tuple[int, ...], int] | None:
         """``get_after(text, 1)``'s one answer (None: nothing), without building a list."""
-        if not self._meta[KEYS] or not get_into(
+        if not self._meta[KEYS] or not self._loops.get_into(
             *self._state(), text[len(text) - self.context :], 1, self._out, self._out_sources
         ):
             return None
@@ -197,7 +185,9 @@ class NgramPool:
         k = self._key(key)
         if k is None or not self._meta[KEYS]:
             return 0
-        return int(support_of(self._slots, self._keys, self._links, self._conts, self._entries, k, int(first)))
+        return int(
+            self._loops.support_of(self._slots, self._keys, self._links, self._conts, self._entries, k, int(first))
+        )
 
     def keys(self) -> list[tuple[int, ...]]:
         """The keys stored so far, least recent first, as tokens."""
@@ -219,7 +209,7 @@ class NgramPool:
     def _stored(self) -> np.ndarray:
         out = np.zeros(int(self._meta[KEYS]), dtype=np.int64)
         if len(out):
-            lru_keys(self._links, self._meta, out)
+            self._loops.lru_keys(self._links, self._meta, out)
         return out
 
     def __len__(self) -> int:
@@ -228,6 +218,19 @@ class NgramPool:
     @property
     def num_keys(self) -> int:
         return int(self._meta[KEYS])
+
+
+def compile_pools() -> None:
+    """Compile the pools' loops (numba; cached on disk after the first time) at start-up, not in
+    the first step that learns or looks up: every call a step makes, on a throwaway pool."""
+    pool = NgramPool(3, 2, max_keys=2, context=2)
+    pool.add_sequence(np.arange(8, dtype=np.int64))
+    pool.add_rows(np.zeros((1, 4), dtype=np.int64))
+    text = np.arange(2, dtype=np.int64)
+    pool.get_after(text, 2)
+    pool.first_after(text)
+    pool.support(text, 0)
+    pool.keys()
 
 
 class SharedPools:
