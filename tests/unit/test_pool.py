@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import NgramPool
+from vllm_lookahead.core.pool import add_to_each
 from vllm_lookahead.core.source import Source
 
 
@@ -147,6 +148,30 @@ def test_add_sequence_equals_add_of_each_ngram(
             slow.add(tokens[p : p + span], source)
     assert fast.items() == slow.items()
     assert len(fast) == len(slow)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=30), st.integers(0, 35)), max_size=5),
+    ngram_size=st.integers(2, 4),
+    guess_set_size=st.integers(0, 3),
+    max_keys=st.integers(1, 40),
+    contexts=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+    source=st.sampled_from(list(Source)),
+)
+def test_adding_to_several_pools_at_once_equals_adding_to_each(
+    chunks, ngram_size, guess_set_size, max_keys, contexts, source
+):
+    """One compiled call over several pools (a request's text pools) stores what each pool's own
+    ``add_sequence`` stores, the arrays growing as they fill."""
+    together = [NgramPool(ngram_size, guess_set_size, max_keys, context=k) for k in contexts]
+    apart = [NgramPool(ngram_size, guess_set_size, max_keys, context=k) for k in contexts]
+    for tokens, start in chunks:
+        add_to_each(together, tokens, start, source)
+        for pool in apart:
+            pool.add_sequence(tokens, start, source)
+    assert [pool.items() for pool in together] == [pool.items() for pool in apart]
+    assert [len(pool) for pool in together] == [len(pool) for pool in apart]
 
 
 @settings(max_examples=200, deadline=None)
@@ -324,8 +349,9 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "plugin.register()\n"
         "assert 'numba' not in sys.modules\n"
         "from vllm_lookahead.core import ngram_table as t\n"
-        "from vllm_lookahead.core.pool import compile_pools\n"
-        "compile_pools()\n"
+        "from vllm_lookahead.config import LookaheadConfig\n"
+        "from vllm_lookahead.core.request_text import compile_pools\n"
+        "compile_pools(LookaheadConfig())\n"
         "assert all(getattr(t, name).signatures for name in t.LOOPS), t.LOOPS\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True)

@@ -4,8 +4,10 @@ A pool (:class:`~.pool.NgramPool`) learns every n-gram a request emits, and a se
 thousands of tokens a step: in Python dicts each learnt n-gram costs a few microseconds of
 interpreted work and three tracked tuples for the garbage collector; here it is one hash probe
 and a few array writes inside a compiled loop, and the arrays are no garbage collector's concern.
-One call learns a whole tail of new tokens (:func:`add_ngrams`); a lookup (:func:`get_into`) or a
-support count (:func:`support_of`) is one call.
+One call learns a whole tail of new tokens (:func:`add_ngrams`, into several pools
+:func:`add_to_pools`); a lookup (:func:`get_into`) or a
+support count (:func:`support_of`) is one call, and so is a request's lookup over all its pools
+(:func:`lookup_pools`) or the growth of its lead (:func:`grow_lead`).
 
 The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G`` per key:
 
@@ -203,6 +205,18 @@ def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, cou
         meta[COUNT] += held - n
 
 
+def add_to_pools(tables, seq, start, max_keys, source) -> None:
+    """Each pool's (``tables``: its arrays) n-grams of ``seq`` that end at an index >= ``start``,
+    as :func:`add_ngrams` adds them (a pool's n-grams span its key and ``L`` tokens)."""
+    for p in range(len(tables)):
+        slots, keys, links, conts, entries, meta = tables[p]
+        span = keys.shape[1] + conts.shape[2]
+        first = max(0, start - span + 1)
+        count = len(seq) - first - span + 1
+        if count > 0:
+            add_ngrams(slots, keys, links, conts, entries, meta, seq, first, 1, count, max_keys, source)
+
+
 def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sources) -> int:
     """Up to ``limit`` continuations of ``key`` into ``out`` / ``out_sources``, most recent
     first (the key becomes the most recent; nothing is stored for a key not held); returns
@@ -233,6 +247,94 @@ def support_of(slots, keys, links, conts, entries, key, first) -> int:
     return total
 
 
+def _same_row(out, n, row) -> bool:
+    """Whether ``row`` equals one of ``out[:n]``."""
+    for r in range(n):
+        same = True
+        for k in range(len(row)):
+            if out[r, k] != row[k]:
+                same = False
+                break
+        if same:
+            return True
+    return False
+
+
+def lookup_pools(tables, text, limit, out, out_sources) -> tuple[int, int, int]:
+    """Up to ``limit`` distinct continuations of ``text``'s end from several pools (``tables``:
+    each pool's arrays, asked in order; a pool keyed by more tokens than ``text`` holds is
+    skipped), most recent first within a pool, into ``out`` / ``out_sources``; each pool asked
+    answers as :func:`get_into` does (its key becomes its most recent).  Returns how many, the
+    index of the pool the first came from (-1: none) and that first continuation's support there
+    (:func:`support_of` of its first token)."""
+    n = 0
+    first = -1
+    t = len(text)
+    for p in range(len(tables)):
+        if n >= limit:
+            break
+        slots, keys, links, conts, entries, meta = tables[p]
+        ctx = keys.shape[1]
+        if t < ctx or meta[KEYS] == 0:
+            continue
+        i, _ = _find(slots, keys, text[t - ctx :])
+        if i < 0:
+            continue
+        _unlink(links, meta, i)
+        _append(links, meta, i)
+        held = links[i, HELD]
+        for j in range(min(held, limit)):
+            c = held - 1 - j
+            if _same_row(out, n, conts[i, c]):
+                continue
+            out[n] = conts[i, c]
+            out_sources[n] = entries[i, c] & SOURCE_MASK
+            if first < 0:
+                first = p
+            n += 1
+            if n >= limit:
+                break
+    support = 0
+    if first >= 0:
+        slots, keys, links, conts, entries, meta = tables[first]
+        support = support_of(slots, keys, links, conts, entries, text[t - keys.shape[1] :], out[0, 0])
+    return n, first, support
+
+
+def grow_lead(tables, context, buf, t, d, length, sources) -> int:
+    """Grow a lead in ``buf`` (``t`` tokens of text, then the lead's ``d`` tokens so far) to
+    ``length`` tokens: while shorter, the most recent continuation of the last ``context``
+    tokens of text and lead, from the first pool that holds their key (``tables`` in order, as
+    :func:`lookup_pools`), is appended, its source into ``sources``.  Returns the lead's length
+    (short of ``length`` where no pool knows how it goes on)."""
+    while d < length:
+        end = t + d
+        w = min(context, end)
+        found = False
+        for p in range(len(tables)):
+            slots, keys, links, conts, entries, meta = tables[p]
+            ctx = keys.shape[1]
+            if w < ctx or meta[KEYS] == 0:
+                continue
+            i, _ = _find(slots, keys, buf[end - ctx : end])
+            if i < 0:
+                continue
+            _unlink(links, meta, i)
+            _append(links, meta, i)
+            c = links[i, HELD] - 1
+            source = entries[i, c] & SOURCE_MASK
+            take = min(conts.shape[2], length - d)
+            for k in range(take):
+                buf[end + k] = conts[i, c, k]
+                sources[d + k] = source
+            d += take
+            found = True
+            break
+        if not found:
+            break
+    return d
+
+
 def rehash(slots, keys, links, meta) -> None:
     """Fill empty ``slots`` with the table's keys (after the arrays grew)."""
     i = meta[HEAD]
@@ -252,9 +354,13 @@ def lru_keys(links, meta, out) -> None:
         i = links[i, NEXT]
 
 
-_INLINED = ("_hash", "_unlink", "_append")  # compiled into their callers
+_INLINED = ("_hash", "_unlink", "_append", "_same_row")  # compiled into their callers
 _HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index")
-LOOPS = ("add_ngrams", "get_into", "support_of", "rehash", "lru_keys")  # what the pool calls
+# what the pools and a request's lookups call
+LOOPS = (
+    *("add_ngrams", "get_into", "support_of", "rehash", "lru_keys"),
+    *("add_to_pools", "lookup_pools", "grow_lead"),
+)
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
 
 

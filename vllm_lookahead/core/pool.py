@@ -28,6 +28,7 @@ lookup.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,18 @@ def int_array(tokens: Sequence[int]) -> np.ndarray:
 
 
 _FIRST_KEYS = 256  # key capacity of a new pool's arrays
+
+
+@functools.cache
+def _empty_table(context: int, G: int, L: int) -> tuple[np.ndarray, ...]:
+    """The arrays of a pool that holds no key yet (never read: its counters say it is empty)."""
+    return (
+        np.empty(0, dtype=np.int32),
+        np.empty((0, context), dtype=np.int32),
+        np.empty((0, 3), dtype=np.int64),
+        np.empty((0, G, L), dtype=np.int32),
+        np.empty((0, G), dtype=np.int64),
+    )
 
 
 class NgramPool:
@@ -109,6 +122,14 @@ class NgramPool:
     def _state(self) -> tuple:
         return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
 
+    @property
+    def table(self) -> tuple:
+        """The pool's arrays as the compiled loops over several pools read them
+        (:func:`~.ngram_table.lookup_pools`); a pool without keys yet gives empty ones."""
+        if self._slots is None:
+            return (*_empty_table(self.context, max(1, self.guess_set_size), self.ngram_size - 1), self._meta)
+        return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
+
     def _key(self, key: int | Sequence[int]) -> np.ndarray | None:
         """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence; None:
         too short)."""
@@ -137,12 +158,16 @@ class NgramPool:
         self._room(len(ngrams))
         self._loops.add_ngrams(*self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source))
 
+    def _new_ngrams(self, length: int, start: int) -> tuple[int, int]:
+        """Where the n-grams of a sequence of ``length`` tokens ending at index >= ``start`` begin,
+        and how many there are."""
+        first = max(0, start - self.span + 1)
+        return first, length - first - self.span + 1
+
     def add_sequence(self, tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT) -> None:
         """Add every sequence ``tokens[p:p+span]`` that ends at an index >= ``start``
         (the same as :meth:`add` of each, in order, in one call)."""
-        n = self.span
-        first = max(0, start - n + 1)
-        count = len(tokens) - first - n + 1
+        first, count = self._new_ngrams(len(tokens), start)
         if self.guess_set_size == 0 or count <= 0:
             return
         self._room(count)
@@ -170,14 +195,6 @@ class NgramPool:
         if not n:
             return []
         return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
-
-    def first_after(self, text: np.ndarray) -> tuple[tuple[int, ...], int] | None:
-        """``get_after(text, 1)``'s one answer (None: nothing), without building a list."""
-        if not self._meta[KEYS] or not self._loops.get_into(
-            *self._state(), text[len(text) - self.context :], 1, self._out, self._out_sources
-        ):
-            return None
-        return tuple(self._out[0].tolist()), int(self._out_sources[0])
 
     def support(self, key: int | Sequence[int], first: int) -> int:
         """How many times n-grams stored under ``key`` that begin with ``first`` were added
@@ -220,17 +237,17 @@ class NgramPool:
         return int(self._meta[KEYS])
 
 
-def compile_pools() -> None:
-    """Compile the pools' loops (numba; cached on disk after the first time) at start-up, not in
-    the first step that learns or looks up: every call a step makes, on a throwaway pool."""
-    pool = NgramPool(3, 2, max_keys=2, context=2)
-    pool.add_sequence(np.arange(8, dtype=np.int64))
-    pool.add_rows(np.zeros((1, 4), dtype=np.int64))
-    text = np.arange(2, dtype=np.int64)
-    pool.get_after(text, 2)
-    pool.first_after(text)
-    pool.support(text, 0)
-    pool.keys()
+def add_to_each(
+    pools: Sequence[NgramPool], tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT
+) -> None:
+    """Each pool's :meth:`NgramPool.add_sequence` of ``tokens``, in one compiled call (the pools of
+    one request, or the shared ones: the same ``N``, ``G`` and ``max_pool_keys``, any context)."""
+    if not pools or pools[0].guess_set_size == 0:
+        return
+    seq = int_array(tokens)
+    for pool in pools:
+        pool._room(pool._new_ngrams(len(seq), start)[1])
+    pools[0]._loops.add_to_pools(tuple(pool.table for pool in pools), seq, start, pools[0].max_keys, int(source))
 
 
 class SharedPools:
@@ -250,6 +267,7 @@ class SharedPools:
         self.pools = {
             k: NgramPool(ngram_size, guess_set_size, max_keys, context=k) for k in range(lookup_context, 0, -1)
         }
+        self._each = list(self.pools.values())
 
     @classmethod
     def for_config(cls, config: LookaheadConfig) -> SharedPools:
@@ -257,8 +275,7 @@ class SharedPools:
         return cls(config.ngram_size, config.guess_set_size, config.max_pool_keys, config.lookup_context)
 
     def add_sequence(self, tokens: Sequence[int], start: int = 0) -> None:
-        for pool in self.pools.values():
-            pool.add_sequence(tokens, start=start, source=Source.SHARED)
+        add_to_each(self._each, tokens, start, Source.SHARED)
 
     @property
     def num_ngrams(self) -> int:

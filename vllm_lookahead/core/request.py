@@ -150,7 +150,8 @@ class RequestLookahead:
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = room if room is not None else 1 << 30
-        found, pool = self.text.lookup(recent)
+        looked = self.text.lookup(recent)
+        found = looked.found
         if max_candidates is not None:
             found = found[:max_candidates]
         lead: tuple[int, ...] = ()
@@ -159,9 +160,7 @@ class RequestLookahead:
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
             # its length follows what was accepted (DraftLength).
-            evidence = LeadEvidence(
-                pool.context, max(1, pool.support(recent, found[0][0][0])), shared=found[0][1] == Source.SHARED
-            )
+            evidence = LeadEvidence(looked.context, max(1, looked.support), shared=found[0][1] == Source.SHARED)
             if config.mode is DraftMode.AUTO:
                 # one more than can pay: a left-out token is still checked against the emitted one
                 length = min(

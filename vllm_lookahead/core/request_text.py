@@ -15,15 +15,24 @@ O(``G`` x pools); learning O(new tokens); never O(pool size) or O(sequence lengt
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .pool import NgramPool, SharedPools, int_array, int_list
+from .ngram_table import load
+from .pool import NgramPool, SharedPools, add_to_each, int_array, int_list
 from .source import Source
 
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
     from vllm_lookahead.config import LookaheadConfig
+
+
+class Lookup(NamedTuple):
+    """:meth:`RequestText.lookup`'s answer."""
+
+    found: list[tuple[tuple[int, ...], int]]  # distinct continuations and their Source, most likely first
+    context: int  # tokens the first one's key matched (0: nothing found)
+    support: int  # times n-grams after that key beginning with the first one's first token were added
 
 
 class RequestText:
@@ -41,9 +50,14 @@ class RequestText:
             for k in range(config.lookup_context, 1, -1)
         ]
         if config.ablation.pool_from_prompt:
-            prompt = int_array(prompt_token_ids)
-            for pool in self.pools():
-                pool.add_sequence(prompt, source=Source.PROMPT)
+            add_to_each(self.pools(), prompt_token_ids, 0, Source.PROMPT)
+        self._own = self.pools()
+        self._asked = self._lookup_pools()  # the pools a lookup asks, in order
+        self._loops = load()
+        # a lookup's answer: at most G distinct continuations from each pool asked
+        rows = max(1, config.guess_set_size) * len(self._asked)
+        self._found = np.zeros((rows, config.ngram_size - 1), dtype=np.int32)
+        self._found_sources = np.zeros(rows, dtype=np.int64)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.prompt_len = len(prompt_token_ids)
 
@@ -69,39 +83,31 @@ class RequestText:
                 out.append(shared)
         return out
 
+    def _tables(self) -> tuple[tuple[np.ndarray, ...], ...]:
+        """The arrays of :meth:`_lookup_pools`, as the compiled lookups read them (taken afresh
+        each time: a pool's arrays are replaced when it grows)."""
+        return tuple(pool.table for pool in self._asked)
+
     # -- lookups ---------------------------------------------------------------------------
     def candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[int, ...]]:
         """Up to ``limit`` (default ``G``) distinct continuations for ``recent`` (ends with the root),
         longest context first."""
-        return [c for c, _ in self.sourced_candidates(recent, limit)]
+        return [c for c, _ in self.lookup(recent, limit).found]
 
-    def sourced_candidates(self, recent: Sequence[int], limit: int | None = None) -> list[tuple[tuple[int, ...], int]]:
-        """:meth:`candidates` with the :class:`~.source.Source` of each (the first pool's that has it)."""
-        return self.lookup(recent, limit)[0]
-
-    def lookup(
-        self, recent: Sequence[int], limit: int | None = None
-    ) -> tuple[list[tuple[tuple[int, ...], int]], NgramPool | None]:
-        """:meth:`sourced_candidates` and the pool the first one came from (None: nothing found).
-        ``recent``: a list of Python ints, or any sequence of tokens."""
+    def lookup(self, recent: Sequence[int], limit: int | None = None) -> Lookup:
+        """Up to ``limit`` (default ``G``) distinct continuations for ``recent`` (ends with the
+        root), longest context first, each with its :class:`~.source.Source` (the first pool's
+        that has it), and where the first was found (:class:`Lookup`): one compiled call over
+        every pool asked."""
         limit = self.config.guess_set_size if limit is None else limit
-        out: list[tuple[tuple[int, ...], int]] = []
-        seen: set[tuple[int, ...]] = set()
-        first_pool = None
-        text = np.array(self._ints(recent), dtype=np.int64)
-        for pool in self._lookup_pools():
-            if len(out) >= limit:
-                break
-            if len(text) < pool.context:
-                continue
-            for cont, source in pool.get_after(text, limit):
-                if cont not in seen:
-                    seen.add(cont)
-                    out.append((cont, source))
-                    first_pool = first_pool or pool
-                    if len(out) >= limit:
-                        break
-        return out, first_pool
+        text = int_array(self._ints(recent))
+        n, first, support = self._loops.lookup_pools(
+            self._tables(), text, min(limit, len(self._found)), self._found, self._found_sources
+        )
+        if not n:
+            return Lookup([], 0, 0)
+        found = list(zip(map(tuple, self._found[:n].tolist()), self._found_sources[:n].tolist()))
+        return Lookup(found, self._asked[first].context, support)
 
     def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
         """``first`` cut or grown to ``length`` tokens.
@@ -116,30 +122,18 @@ class RequestText:
     def grow_lead(
         self, first: tuple[int, ...], source: int, recent: Sequence[int], length: int
     ) -> tuple[tuple[int, ...], list[int]]:
-        """:meth:`lead_candidate` and the source of each of its tokens."""
-        draft = list(first[:length])
-        sources = [source] * len(draft)
-        context = self.config.lookup_context
+        """:meth:`lead_candidate` and the source of each of its tokens (one compiled call)."""
         text = self._ints(recent)
-        while len(draft) < length:
-            more = self._most_recent([*text, *draft][-context:])
-            if more is None:
-                break
-            piece = more[0][: length - len(draft)]
-            draft.extend(piece)
-            sources.extend([more[1]] * len(piece))
-        return tuple(draft), sources
-
-    def _most_recent(self, tokens: list[int]) -> tuple[tuple[int, ...], int] | None:
-        """The most likely continuation of ``tokens`` (Python ints) with its source: ``lookup(tokens,
-        1)``'s one answer (the same pools asked in the same order), without its bookkeeping."""
-        text = np.array(tokens, dtype=np.int64)
-        for pool in self._lookup_pools():
-            if len(text) >= pool.context:
-                found = pool.first_after(text)
-                if found is not None:
-                    return found
-        return None
+        start = first[:length]
+        if len(start) >= length:
+            return tuple(start), [source] * len(start)
+        t = len(text)
+        buf = np.empty(t + length, dtype=np.int64)
+        buf[:t] = text
+        buf[t : t + len(start)] = start
+        sources = np.full(length, source, dtype=np.int64)
+        d = self._loops.grow_lead(self._tables(), self.config.lookup_context, buf, t, len(start), length, sources)
+        return tuple(buf[t : t + d].tolist()), sources[:d].tolist()
 
     def _ints(self, recent: Sequence[int]) -> list[int]:
         """The last ``lookup_context`` tokens of ``recent`` as Python ints (a list is taken to hold them)."""
@@ -157,8 +151,7 @@ class RequestText:
         """The n-grams of ``tail`` (the end of a sequence of ``length`` tokens, new tokens from
         ``start``) into the text pools (unless the ablation's ``pool_from_output`` is off) and the shared ones."""
         if self.config.ablation.pool_from_output:
-            for pool in self.pools():
-                pool.add_sequence(tail, start=start)
+            add_to_each(self._own, tail, start)
         self._share(tail, start, length)
         self.known = length
 
@@ -178,3 +171,19 @@ class RequestText:
             return
         first_output = max(0, self.prompt_len - (length - len(tail)))
         self.shared.add_sequence(tail[first_output:], start=max(0, start - first_output))
+
+
+def compile_pools(config: LookaheadConfig) -> None:
+    """Compile the pools' loops (numba; cached on disk after the first time) at start-up, not in
+    the first step that learns or looks up: every call a step makes, on a throwaway request's
+    pools shaped by ``config`` (the lookups over several pools are compiled for their number)."""
+    shared = SharedPools.for_config(config) if config.shared_pool else None
+    text = RequestText(config, list(range(3 * config.ngram_size)) * 2, shared)
+    text.catch_up([*range(3 * config.ngram_size)] * 3)
+    found = text.lookup([0, 1, 2][-config.lookup_context :], None).found
+    text.grow_lead(found[0][0] if found else (), Source.PROMPT, [0], config.ngram_size + 1)
+    pool = text.pool
+    pool.add_rows(np.zeros((1, pool.span), dtype=np.int64))
+    pool.get_after(np.zeros(1, dtype=np.int64), 1)
+    pool.support(0, 0)
+    pool.keys()

@@ -45,7 +45,8 @@ from vllm_lookahead.config import DraftMode, LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
 from vllm_lookahead.core.draft_rule import PooledConfidence, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest
-from vllm_lookahead.core.pool import SharedPools, compile_pools
+from vllm_lookahead.core.pool import SharedPools
+from vllm_lookahead.core.request_text import compile_pools
 from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
 from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
 from vllm_lookahead.engine.metrics.stats import LookaheadStats, StepReport
@@ -112,7 +113,7 @@ class RunnerLookahead:
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
         the pools' loops, profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
-        compile_pools()
+        compile_pools(self.config)
         if self.config.mode is DraftMode.AUTO:
             self.timing.cost, self.timing.frozen = agree_across_ranks(profile_forward_cost(self.runner))
         return self.kv.backend
