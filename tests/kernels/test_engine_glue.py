@@ -42,6 +42,7 @@ def test_fix_draft_rows_runs_the_kernel(monkeypatch, backend, layout):
         torch.testing.assert_close(out.view(step.expected.shape), step.expected, rtol=1e-5, atol=1e-5)
     expected_launches = 2 if batch.needs_tree_attention else 0
     assert len(launches) == expected_launches  # one launch per layer call
+    assert "draft_rows" not in vars(batch)  # the kernel alone never lays out the torch pass's padded rows
 
 
 def test_a_kernel_that_disagrees_stops_the_first_tree_step(monkeypatch):

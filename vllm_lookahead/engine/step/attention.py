@@ -191,13 +191,13 @@ def _kernel_rows(
     launch per layer, the paged cache read in place; the launch plan is built by the first layer."""
     from vllm_lookahead.kernels import tree_attention as kernel
 
-    kv, rows = batch.kv, batch.draft_rows
+    kv, plans = batch.kv, batch.kernel_plans
     heads, d = impl.num_heads, impl.head_size
     addressing = kv.addressing(kv_cache)
-    geometry = ("triton", heads, addressing, kv_cache.dtype)
-    plan = rows.plans.get(geometry)
+    geometry = (heads, addressing, kv_cache.dtype)
+    plan = plans.get(geometry)
     if plan is None:
-        plan = rows.plans[geometry] = kernel_plan(batch, heads, addressing.num_kv_heads, d, kv_cache.dtype)
+        plan = plans[geometry] = kernel_plan(batch, heads, addressing.num_kv_heads, d, kv_cache.dtype)
     kernel.tree_attention(plan, by_heads(query, heads, d), kv_cache, by_heads(output, heads, d), addressing, impl.scale)
 
 
@@ -216,7 +216,7 @@ def kernel_plan(batch: TreeBatch, heads: int, num_kv_heads: int, head_size: int,
             tr.context_len,
             tr.tree.ancestor_mask(),
         )
-        for tr in batch.draft_rows.requests
+        for tr in batch.branching
     ]
     return kernel.TreeAttentionPlan.build(
         spans, batch.block_table, heads, num_kv_heads, head_size, cache_dtype=cache_dtype
@@ -276,7 +276,7 @@ def _cut_tree_rows(meta: Any, batch: TreeBatch, impl: Any, layer: Any, dtype: to
 
     qsl = meta.query_start_loc.tolist()
     seq = meta.seq_lens.tolist()
-    cut = {tr.batch_index: tr for tr in batch.requests if tr.first_branch_node < tr.num_nodes}
+    cut = {tr.batch_index: tr for tr in batch.branching}
     starts, lengths, table_rows = [0], [], []
     for i in range(len(seq)):
         tr = cut.get(i)

@@ -72,14 +72,22 @@ class TreeBatch:
     kernel_metadata: tuple | None = None  # (vLLM's attention metadata, ours with the tree rows cut), CPU_ATTN
     roots_first: bool = False  # logits rows 0..num_reqs-1 are the roots (sample_rows = arange)
 
+    kernel_plans: dict = field(default_factory=dict)  # the Triton kernel's launch plan per layer geometry
+
+    @cached_property
+    def branching(self) -> list[TreeRequest]:
+        """The requests whose trees branch: their rows after the leading chain need the tree mask."""
+        return [tr for tr in self.requests if tr.first_branch_node < tr.num_nodes]
+
     @cached_property
     def needs_tree_attention(self) -> bool:
         """Whether any draft row needs the tree mask (False when every tree is a chain)."""
-        return any(tr.first_branch_node < tr.num_nodes for tr in self.requests)
+        return bool(self.branching)
 
     @cached_property
     def draft_rows(self) -> PaddedDraftRows | None:
-        """The draft rows that need the tree mask, as one padded attention problem.
+        """The draft rows that need the tree mask, as one padded attention problem (the torch
+        pass's layout; the Triton kernel reads :attr:`branching` and the paged cache in place).
 
         Built on first use (the first attention layer of the step); None when no row needs it.
         """
