@@ -14,7 +14,7 @@ if it fits).  Output tokens never depend on what is drafted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .draft_rule import plan_step
 from .request import RequestLookahead, StepCandidates, StepDraft
@@ -51,10 +51,8 @@ def draft_step(
     if not requests:
         return []
     options = [
-        replace(
-            r.state.draft_options(r.candidates, window=r.window),
-            fixed_seconds=r.verify_seconds,
-            token_seconds=r.token_seconds,
+        r.state.draft_options(
+            r.candidates, window=r.window, fixed_seconds=r.verify_seconds, token_seconds=r.token_seconds
         )
         for r in requests
     ]

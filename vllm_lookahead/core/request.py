@@ -177,9 +177,11 @@ class RequestLookahead:
             lead_evidence=evidence,
         )
 
-    def draft_options(self, cands: StepCandidates, window: bool = True) -> DraftOptions:
+    def draft_options(
+        self, cands: StepCandidates, window: bool = True, fixed_seconds: float = 0.0, token_seconds: float = 0.0
+    ) -> DraftOptions:
         """What the draft rule (:func:`~.draft_rule.plan_step`) may choose from for ``cands``,
-        with this request's expected acceptance."""
+        with this request's expected acceptance and its host prices (``DraftOptions``)."""
         acc = self.acceptance
         rows: tuple[int, ...] = ()
         if window and self.window is not None:
@@ -191,6 +193,8 @@ class RequestLookahead:
             candidate_gain=acc.candidate.value,
             window_column_rows=rows,
             window_column_gain=acc.window_column.value,
+            fixed_seconds=fixed_seconds,
+            token_seconds=token_seconds,
         )
 
     def build(
