@@ -9,7 +9,7 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
 ``tree batch`` :meth:`~RunnerLookahead.on_prepare_inputs`: the step's trees laid out, RoPE
                positions rewritten, logits rows chosen
 ``attention``  the tree-attention metadata the step's first attention layer builds on a GPU
-               (:attr:`TreeBatch.draft_rows` and the Triton kernel's launch plan,
+               (the Triton kernel's launch plan over :attr:`TreeBatch.branching`,
                :func:`~vllm_lookahead.engine.step.attention.kernel_plan`, for a Llama-3.1-8B layer:
                32 query heads, 8 KV heads, head size 128, bf16)
 ``verify``     the host's part of verification (:func:`~vllm_lookahead.engine.step.verification.
@@ -112,6 +112,17 @@ class _KV:
         self.moves += int(src.numel())
 
 
+def _compile_pools(config: Any) -> None:
+    """The pools' loops compiled for ``config`` before the first step, as the engine's start-up
+    does (``RunnerLookahead.setup_kv``); a version of the package without ``compile_pools``
+    compiles them on first use."""
+    from vllm_lookahead.core import request_text
+
+    compile_pools = getattr(request_text, "compile_pools", None)
+    if compile_pools is not None:
+        compile_pools(config)
+
+
 class LookaheadReplay:
     """``batch`` requests in flight over ``streams`` (cycled), lookahead with the user's ``keys``."""
 
@@ -163,6 +174,7 @@ class LookaheadReplay:
         self.state = state
         self.kv = state.kv = _KV()
         state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
+        _compile_pools(state.config)
         self._sm = SimpleNamespace(
             all_greedy=not sampled,
             all_random=sampled,

@@ -21,9 +21,10 @@ The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G
   :data:`COUNT_SHIFT` bits, the times it was added above them;
 - ``meta`` int64 ``(6,)``: the counters below (``KEYS`` .. ``TOP``).
 
-The Python side (:class:`~.pool.NgramPool`) grows the arrays before a call that could
-outgrow them (:func:`rehash`); nothing here allocates.  The functions are compiled by
-:func:`load`, on first use (numba is not imported before).
+A call that meets a new key with the arrays full stops there and says so; the Python side
+(:class:`~.pool.NgramPool`) grows them (:func:`rehash`) and calls again from that n-gram, so the
+arrays follow the keys a pool holds, not the n-grams it was given; nothing here allocates.  The
+functions are compiled by :func:`load`, on first use (numba is not imported before).
 """
 
 from __future__ import annotations
@@ -178,10 +179,14 @@ def _new_index(links, meta) -> int:
     return i
 
 
-def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, count, max_keys, source) -> None:
+def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, count, max_keys, source) -> int:
     """Add the n-grams ``seq[p : p + ctx + L]`` for ``p = first + k * stride``, ``k < count``, in
     order, each under its first ``ctx`` tokens as the most recent continuation of the most
-    recent key (a key new to a pool of ``max_keys`` keys evicts the least recent first)."""
+    recent key (a key new to a pool of ``max_keys`` keys evicts the least recent first).
+    Returns how many were added: fewer than ``count`` where a new key finds the arrays full (the
+    caller grows them and adds the rest)."""
+    if keys.shape[0] == 0:
+        return 0
     ctx = keys.shape[1]
     for k in range(count):
         p = first + k * stride
@@ -193,6 +198,8 @@ def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, cou
             if meta[KEYS] >= max_keys:
                 _evict_head(slots, keys, links, meta)
                 _, s = _find(slots, keys, key)
+            elif meta[FREE] < 0 and meta[TOP] >= keys.shape[0]:
+                return k
             i = _new_index(links, meta)
             keys[i] = key
             slots[s] = i
@@ -203,18 +210,27 @@ def add_ngrams(slots, keys, links, conts, entries, meta, seq, first, stride, cou
         held = _added(conts[i], entries[i], n, seq, p + ctx, source)
         links[i, HELD] = held
         meta[COUNT] += held - n
+    return count
 
 
-def add_to_pools(tables, seq, start, max_keys, source) -> None:
+def add_to_pools(tables, seq, start, max_keys, source, from_pool, from_ngram) -> tuple[int, int]:
     """Each pool's (``tables``: its arrays) n-grams of ``seq`` that end at an index >= ``start``,
-    as :func:`add_ngrams` adds them (a pool's n-grams span its key and ``L`` tokens)."""
-    for p in range(len(tables)):
+    as :func:`add_ngrams` adds them (a pool's n-grams span its key and ``L`` tokens), from pool
+    ``from_pool``'s n-gram ``from_ngram`` on.  Returns ``(-1, 0)`` when all are added, else the
+    pool whose arrays are full and how many of its n-grams are in (grow it, call again from there)."""
+    for p in range(from_pool, len(tables)):
         slots, keys, links, conts, entries, meta = tables[p]
         span = keys.shape[1] + conts.shape[2]
         first = max(0, start - span + 1)
         count = len(seq) - first - span + 1
-        if count > 0:
-            add_ngrams(slots, keys, links, conts, entries, meta, seq, first, 1, count, max_keys, source)
+        done = from_ngram if p == from_pool else 0
+        if count > done:
+            done += add_ngrams(
+                slots, keys, links, conts, entries, meta, seq, first + done, 1, count - done, max_keys, source
+            )
+            if done < count:
+                return p, done
+    return -1, 0
 
 
 def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sources) -> int:

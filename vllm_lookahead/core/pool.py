@@ -82,7 +82,7 @@ class NgramPool:
         self.max_keys = max_keys
         self._loops = load()  # the compiled loops over the arrays below
         self._meta = new_meta()
-        self._capacity = 0  # keys the arrays hold: none until the first key (_room)
+        self._capacity = 0  # keys the arrays hold: none until the first key (_more_room)
         self._keys = self._links = self._conts = self._entries = self._slots = None
         width = max(1, guess_set_size)
         self._out = np.zeros((width, ngram_size - 1), dtype=np.int32)  # a lookup's answer
@@ -109,15 +109,23 @@ class NgramPool:
         self._loops.rehash(self._slots, keys, links, self._meta)
         self._capacity = capacity
 
-    def _room(self, new_keys: int) -> None:
-        """Grow the arrays where ``new_keys`` more keys might not fit."""
-        need = int(self._meta[TOP]) + new_keys
-        if need > self._capacity and self._capacity < self.max_keys:
-            need = min(need, self.max_keys)
-            # four times while small (a request's pools grow through their first thousands of
-            # keys within its first steps), twice once large
-            factor = 4 if self._capacity < 4096 else 2
-            self._grow(min(max(need, factor * self._capacity, _FIRST_KEYS), self.max_keys))
+    def _more_room(self) -> None:
+        """Grow the arrays (full: a compiled add stopped at a new key): four times while small (a
+        request's pools grow through their first thousands of keys within its first steps), twice
+        once large, never past ``max_keys``."""
+        factor = 4 if self._capacity < 4096 else 2
+        self._grow(min(max(factor * self._capacity, _FIRST_KEYS), self.max_keys))
+
+    def _add(self, seq: np.ndarray, first: int, stride: int, count: int, source: int) -> None:
+        """:func:`~.ngram_table.add_ngrams`, the arrays grown as often as it stops for room."""
+        done = 0
+        while True:
+            done += self._loops.add_ngrams(
+                *self.table, seq, first + done * stride, stride, count - done, self.max_keys, source
+            )
+            if done >= count:
+                return
+            self._more_room()
 
     def _state(self) -> tuple:
         return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
@@ -155,8 +163,7 @@ class NgramPool:
             raise ValueError(f"n-grams of shape {ngrams.shape}, expected (k, {self.span})")
         if self.guess_set_size == 0 or not len(ngrams):
             return
-        self._room(len(ngrams))
-        self._loops.add_ngrams(*self._state(), ngrams.ravel(), 0, self.span, len(ngrams), self.max_keys, int(source))
+        self._add(ngrams.ravel(), 0, self.span, len(ngrams), int(source))
 
     def _new_ngrams(self, length: int, start: int) -> tuple[int, int]:
         """Where the n-grams of a sequence of ``length`` tokens ending at index >= ``start`` begin,
@@ -170,9 +177,7 @@ class NgramPool:
         first, count = self._new_ngrams(len(tokens), start)
         if self.guess_set_size == 0 or count <= 0:
             return
-        self._room(count)
-        seq = int_array(tokens[first:])  # the tokens the new n-grams span, converted once
-        self._loops.add_ngrams(*self._state(), seq, 0, 1, count, self.max_keys, int(source))
+        self._add(int_array(tokens[first:]), 0, 1, count, int(source))  # the tokens its n-grams span
 
     def get(self, key: int | Sequence[int], limit: int) -> list[tuple[int, ...]]:
         """At most ``min(limit, G)`` continuations for ``key``, most recent first.
@@ -244,10 +249,13 @@ def add_to_each(
     one request, or the shared ones: the same ``N``, ``G`` and ``max_pool_keys``, any context)."""
     if not pools or pools[0].guess_set_size == 0:
         return
-    seq = int_array(tokens)
-    for pool in pools:
-        pool._room(pool._new_ngrams(len(seq), start)[1])
-    pools[0]._loops.add_to_pools(tuple(pool.table for pool in pools), seq, start, pools[0].max_keys, int(source))
+    seq, loops, max_keys, source = int_array(tokens), pools[0]._loops, pools[0].max_keys, int(source)
+    full, done = 0, 0
+    while True:
+        full, done = loops.add_to_pools(tuple(pool.table for pool in pools), seq, start, max_keys, source, full, done)
+        if full < 0:
+            return
+        pools[full]._more_room()
 
 
 class SharedPools:
