@@ -38,6 +38,7 @@ argmaxes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -124,7 +125,10 @@ class TreesVerified:
     def token_grid(self, max_len: int) -> torch.Tensor:
         """``[num_reqs, max_len]`` emitted tokens padded with :data:`PLACEHOLDER` (the rejection
         sampler's layout)."""
-        return torch.tensor([out + [PLACEHOLDER] * (max_len - len(out)) for out in self.outputs], dtype=torch.int32)
+        lengths = np.fromiter(map(len, self.outputs), dtype=np.int64, count=len(self.outputs))
+        grid = np.full((len(self.outputs), max_len), PLACEHOLDER, dtype=np.int32)
+        grid[np.arange(max_len) < lengths[:, None]] = list(itertools.chain.from_iterable(self.outputs))
+        return torch.from_numpy(grid)
 
 
 def plan_trees(requests: Any, sm: Any, batch: TreeBatch) -> list[_Plan]:
