@@ -4,10 +4,10 @@ A pool (:class:`~.pool.NgramPool`) learns every n-gram a request emits, and a se
 thousands of tokens a step: in Python dicts each learnt n-gram costs a few microseconds of
 interpreted work and three tracked tuples for the garbage collector; here it is one hash probe
 and a few array writes inside a compiled loop, and the arrays are no garbage collector's concern.
-One call learns a whole tail of new tokens (:func:`add_ngrams`, into several pools
-:func:`add_to_pools`); a lookup (:func:`get_into`) or a
-support count (:func:`support_of`) is one call, and so is a request's lookup over all its pools
-(:func:`lookup_pools`) or the growth of its lead (:func:`grow_lead`).
+One call learns a whole tail of new tokens (:func:`add_ngrams`; into several pools at once,
+:func:`add_to_pools`); a lookup (:func:`get_into`) or a support count (:func:`support_of`) is one
+call, and so is a request's lookup over all its pools (:func:`lookup_pools`) or the growth of its
+lead (:func:`grow_lead`).
 
 The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G`` per key:
 

@@ -56,7 +56,8 @@ _FIRST_KEYS = 256  # key capacity of a new pool's arrays
 
 @functools.cache
 def _empty_table(context: int, G: int, L: int) -> tuple[np.ndarray, ...]:
-    """The arrays of a pool that holds no key yet (never read: its counters say it is empty)."""
+    """The arrays of a pool that holds no key yet (read for their shapes only: its counters say
+    it is empty)."""
     return (
         np.empty(0, dtype=np.int32),
         np.empty((0, context), dtype=np.int32),
@@ -127,9 +128,6 @@ class NgramPool:
                 return
             self._more_room()
 
-    def _state(self) -> tuple:
-        return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
-
     @property
     def table(self) -> tuple:
         """The pool's arrays as the compiled loops over several pools read them
@@ -196,7 +194,7 @@ class NgramPool:
         last ``context`` are read): a caller asking several pools makes the array once."""
         if limit <= 0 or not self._meta[KEYS]:
             return []
-        n = self._loops.get_into(*self._state(), text[len(text) - self.context :], limit, self._out, self._out_sources)
+        n = self._loops.get_into(*self.table, text[len(text) - self.context :], limit, self._out, self._out_sources)
         if not n:
             return []
         return list(zip(map(tuple, self._out[:n].tolist()), self._out_sources[:n].tolist()))
