@@ -221,7 +221,10 @@ def test_a_request_offered_nothing_two_proposals_running_rests_and_catches_up():
     from vllm_lookahead.core.step_cost import StepCost
 
     p = _proposer("cpu", guess_set_size=2, ngram_size=3, window_size=0)
-    p.owner.timing.cost = StepCost.linear(0.0001, 0.0)  # a 0.1 ms forward: proposing costs more than 2 % of it
+    timing = p.owner.timing
+    timing.cost = StepCost.linear(0.0001, 0.0)  # a 0.1 ms forward: proposing costs more than 2 % of it
+    measured = timing.proposed_for  # proposing priced at 1 ms a request, however fast this machine is
+    timing.proposed_for = lambda seconds, requests: measured(1e-3 * requests, requests)
     _bind(p, {"a": [1, 2, 3]})
     proposed, history = _proposals(p, list(range(100, 116)), [1, 2, 3])  # new text: nothing to draft
     # its longest rest is 128 proposals, so its first is already 8, then 16 ...
