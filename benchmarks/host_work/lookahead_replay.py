@@ -112,15 +112,18 @@ class _KV:
         self.moves += int(src.numel())
 
 
-def _compile_pools(config: Any) -> None:
-    """The pools' loops compiled for ``config`` before the first step, as the engine's start-up
-    does (``RunnerLookahead.setup_kv``); a version of the package without ``compile_pools``
-    compiles them on first use."""
-    from vllm_lookahead.core import request_text
+def _compile_loops(config: Any) -> None:
+    """The pools' loops compiled for ``config`` and the draft rule's, before the first step, as
+    the engine's start-up does (``RunnerLookahead.setup_kv``); a version of the package without
+    ``compile_pools`` or ``compile_plan`` compiles them on first use."""
+    from vllm_lookahead.core import draft_rule, request_text
 
     compile_pools = getattr(request_text, "compile_pools", None)
     if compile_pools is not None:
         compile_pools(config)
+    compile_plan = getattr(draft_rule, "compile_plan", None)
+    if compile_plan is not None:
+        compile_plan()
 
 
 class LookaheadReplay:
@@ -174,7 +177,7 @@ class LookaheadReplay:
         self.state = state
         self.kv = state.kv = _KV()
         state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
-        _compile_pools(state.config)
+        _compile_loops(state.config)
         self._sm = SimpleNamespace(
             all_greedy=not sampled,
             all_random=sampled,

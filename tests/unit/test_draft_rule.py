@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.draft_plan_reference import plan_step_reference
 from vllm_lookahead.config import LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, greedy_verify
 from vllm_lookahead.core.draft_rule import (
@@ -316,6 +317,52 @@ def test_plans_fit_the_options_and_never_lose_by_the_model(reqs, base, per_token
     # each drafting request's verification and its accepted tokens' sampling too.
     spent = cost.forward(tokens, rows) + fixed
     assert expected / spent >= n / cost.forward(n) * (1 - 1e-9)
+
+
+_gain = st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.8, 1.0]) | st.floats(0, 1)  # ties are common
+_option = st.one_of(
+    st.none(),
+    st.builds(
+        DraftOptions,
+        lead_gains=st.lists(_gain, max_size=12).map(lambda g: tuple(sorted(g, reverse=True))),
+        candidate_rows=st.lists(st.integers(0, 6), max_size=4).map(tuple),
+        candidate_gain=_gain | st.floats(0, 2),
+        window_column_rows=st.lists(st.integers(0, 5), max_size=5).map(tuple),
+        window_column_gain=_gain,
+        fixed_seconds=st.sampled_from([0.0, 0.0, 0.001]) | st.floats(0, 0.01),
+        token_seconds=st.sampled_from([0.0, 0.0, 0.001]) | st.floats(0, 0.005),
+    ),
+)
+
+
+@st.composite
+def _cost(draw) -> StepCost:
+    """A profiled forward (one point or several), maybe fitted to chain steps, maybe with tree prices."""
+    sizes = sorted(draw(st.sets(st.integers(1, 300), min_size=1, max_size=5)))
+    times = draw(st.lists(st.floats(1e-4, 0.1), min_size=len(sizes), max_size=len(sizes)))
+    cost = StepCost(tuple(sizes), tuple(times), tree_row_prior=draw(st.floats(0, 0.003)))
+    cost.tree_step_seconds = draw(st.sampled_from([0.0, 0.0, 2e-4, 0.002]))
+    for tokens, seconds in draw(st.lists(st.tuples(st.integers(1, 200), st.floats(1e-4, 0.2)), max_size=4)):
+        cost.observe(tokens, 0, seconds)
+    return cost
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_option, max_size=24), _cost(), st.integers(0, 64) | st.none())
+def test_the_compiled_plan_is_the_rules_plan(options, cost, extra):
+    """plan_step's compiled walk makes the plans the rule's definition, written out in Python
+    (tests/support/draft_plan_reference.py), makes: the same sums in the same order, the same ties."""
+    base = None if extra is None else len(options) + extra
+    assert plan_step(options, cost, base_tokens=base) == plan_step_reference(options, cost, base_tokens=base)
+
+
+def test_the_compiled_plan_breaks_ties_as_the_rule_does():
+    """Equal gains everywhere: the earlier request goes first, for leads and for further pieces."""
+    same = _opts(lead=6, p=0.5, q=1.0, cands=(3, 3), cand_gain=0.4, cols=(2, 3, 3), col_gain=0.4)
+    for cost in (StepCost.linear(0.010, 0.0002, tree_row=0.0004), StepCost.linear(0.02, 0.001)):
+        for n in (2, 5, 17):
+            options = [same] * n
+            assert plan_step(options, cost) == plan_step_reference(options, cost)
 
 
 # -- acceptance estimates ----------------------------------------------------------------------

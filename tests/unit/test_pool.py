@@ -342,7 +342,7 @@ def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_se
 def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
     """In a fresh process: loading the plugin imports no numba (vLLM's CPU worker scans every loaded
     module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``
-    (start-up) leaves none of the loops a step calls to compile later."""
+    and ``compile_plan`` (start-up) leave none of the loops a step calls to compile later."""
     check = (
         "import sys\n"
         "from vllm_lookahead.engine.hooks import plugin\n"
@@ -353,5 +353,13 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "from vllm_lookahead.core.request_text import compile_pools\n"
         "compile_pools(LookaheadConfig())\n"
         "assert all(getattr(t, name).signatures for name in t.LOOPS), t.LOOPS\n"
+        "from vllm_lookahead.core import plan_loop as p\n"
+        "from vllm_lookahead.core.draft_rule import DraftOptions, compile_plan, plan_step\n"
+        "from vllm_lookahead.core.step_cost import StepCost\n"
+        "compile_plan()\n"
+        "assert len(p.plan.signatures) == 1\n"
+        "plan_step([], StepCost((4,), (0.01,)), base_tokens=3)\n"
+        "plan_step([None, DraftOptions((0.5,))], StepCost((1, 8), (0.01, 0.02)))\n"
+        "assert len(p.plan.signatures) == 1, p.plan.signatures\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True)

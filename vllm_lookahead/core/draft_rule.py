@@ -41,12 +41,14 @@ was fitted on and the command that refits it, are in ``core/fitted.json`` (:mod:
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .fitted import FITTED
+from .plan_loop import load as plan_loops
 from .step_cost import StepCost
 
 # Prior beliefs, each worth PRIOR_WEIGHT observations (lead tokens: LeadConfidence below).  Extra
@@ -230,18 +232,25 @@ class LeadConfidence:
         pooled = self.pooled.next.shift if self.pooled is not None else 0.0
         return _sigmoid(self._next_logit(e) + self.next_record.shift + pooled)
 
-    def gains(self, e: LeadEvidence, length: int) -> tuple[float, ...]:
+    def odds(self, e: LeadEvidence) -> tuple[float, float]:
+        """``(first(e), next(e))``: what :meth:`gains` and :meth:`tokens_above` are made of, worked
+        out once where a step asks both (the records do not change between the two)."""
+        return self.first(e), self.next(e)
+
+    def gains(self, e: LeadEvidence, length: int, odds: tuple[float, float] | None = None) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
-        token adds to the expected accepted tokens (a chain is accepted up to its first miss)."""
-        out, g, q = [], self.first(e), self.next(e)
+        token adds to the expected accepted tokens (a chain is accepted up to its first miss).
+        ``odds``: :meth:`odds` of ``e``, if already worked out."""
+        g, q = odds if odds is not None else self.odds(e)
+        out = []
         for _ in range(length):
             out.append(g)
             g *= q
         return tuple(out)
 
-    def tokens_above(self, e: LeadEvidence, floor: float, length: int) -> int:
+    def tokens_above(self, e: LeadEvidence, floor: float, length: int, odds: tuple[float, float] | None = None) -> int:
         """How many of :meth:`gains` (of ``length`` tokens) are at least ``floor``, without listing them."""
-        p, q = self.first(e), self.next(e)
+        p, q = odds if odds is not None else self.odds(e)
         if p < floor or p <= 0:
             return 0
         if floor <= 0 or q >= 1:
@@ -358,167 +367,44 @@ def plan_step(
     token (``DraftOptions.token_seconds``: a sampled request samples the token after every accepted
     one, as vLLM's sampler samples each token without speculation) is paid by every piece in
     proportion to its expected tokens: ``dT`` grows by ``g * token_seconds``.
+
+    The walk itself is one compiled call over the batch's options laid out flat (:mod:`.plan_loop`).
     """
     n = len(options)
-    tokens = float(n if base_tokens is None else base_tokens)
-    step = _Step(tokens, 0.0, max(tokens, float(n)), cost.forward(max(tokens, 1.0)))
-    # A window still at its first level: column 0 is the root itself (no rows), free to run.
-    cols = [
-        int(o is not None and bool(o.window_column_rows) and o.window_column_rows[0] == 0 and o.window_column_gain > 0)
-        for o in options
-    ]
-    lead = _plan_leads(options, cost, step)
-    cands = _plan_branches(options, cost, step, lead, cols)
-    return [DraftPlan(lead[r], cands[r], cols[r]) for r in range(n)]
-
-
-@dataclass
-class _Step:
-    """The forward planned so far: tokens, tree rows, expected tokens emitted, seconds."""
-
-    tokens: float
-    tree_rows: float
-    expected: float
-    time: float  # the forward of tokens and tree rows, plus fixed
-    fixed: float = 0.0  # the drafting requests' fixed prices (DraftOptions.fixed_seconds)
-
-
-def _plan_leads(options: Sequence[DraftOptions | None], cost: StepCost, step: _Step) -> list[int]:
-    """Phase 1: lead tokens, most likely first (the gains fall with i: each request's tokens come
-    in order), while a token adds more expected tokens than the time it adds costs."""
-    lead = [0] * len(options)
-    heap = [
-        (-o.lead_gains[0], r, 1) for r, o in enumerate(options) if o is not None and o.lead > 0 and o.lead_gains[0] > 0
-    ]
-    heapq.heapify(heap)
-    while heap:
-        neg_gain, r, i = heapq.heappop(heap)
-        gain = -neg_gain
-        o = options[r]
-        assert o is not None
-        dt = cost.forward(step.tokens + 1, step.tree_rows) + step.fixed - step.time + gain * o.token_seconds
-        if i == 1 and o.fixed_seconds > 0:
-            if not _lead_pays_its_price(o, cost, step):
-                continue
-            dt += o.fixed_seconds
-            step.fixed += o.fixed_seconds
-        elif gain * step.time <= step.expected * dt:
-            continue  # this request's longer lead gains even less
-        step.fixed += gain * o.token_seconds
-        lead[r] = i
-        step.tokens += 1
-        step.expected += gain
-        step.time += dt
-        if i < o.lead:
-            heapq.heappush(heap, (-o.lead_gains[i], r, i + 1))
-    _drop_leads_that_lower_the_rate(options, cost, step, lead)
-    return lead
-
-
-def _drop_leads_that_lower_the_rate(
-    options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int]
-) -> None:
-    """A priced lead is taken when some prefix of it pays its price against the step as planned so
-    far -- which may still be paying an earlier lead's price that its later tokens recover; in
-    the end that lead can lower the step's E / T.  Such leads are dropped, the one whose removal
-    raises E / T most first, until removing none of them would."""
-    while True:
-        rate, worst, drop = step.expected / step.time, -1, (0.0, 0.0, 0.0)
-        for r, o in enumerate(options):
-            if o is None or not lead[r] or o.fixed_seconds <= 0:
-                continue
-            gained = sum(o.lead_gains[: lead[r]])
-            fixed = step.fixed - o.fixed_seconds - gained * o.token_seconds
-            time = cost.forward(step.tokens - lead[r], step.tree_rows) + fixed
-            if (step.expected - gained) > rate * time:
-                rate, worst, drop = (step.expected - gained) / time, r, (gained, fixed, time)
-        if worst < 0:
-            return
-        step.tokens -= lead[worst]
-        step.expected, step.fixed, step.time = step.expected - drop[0], drop[1], drop[2]
-        lead[worst] = 0
-
-
-def _lead_pays_its_price(o: DraftOptions, cost: StepCost, step: _Step) -> bool:
-    """Whether some prefix of ``o``'s lead raises the step's E / T with the request's fixed price
-    paid (O(lead) forward-cost lookups, once per request)."""
-    bare = cost.forward(step.tokens, step.tree_rows)
-    gained = 0.0
-    for k, gain in enumerate(o.lead_gains, start=1):
-        gained += gain
-        added = cost.forward(step.tokens + k, step.tree_rows) - bare + o.fixed_seconds + gained * o.token_seconds
-        if gained * step.time > step.expected * added:
-            return True
-    return False
-
-
-def _pieces(o: DraftOptions, lead: int, first_column: int) -> list:
-    """One request's further pieces (candidates, then window columns from ``first_column``), each
-    ``(gain per row, gain, rows, is a chain, is a candidate)``, merged best first within each kind's order."""
-    candidates, columns = [], []
-    if lead > 0 and o.candidate_gain > 0:  # candidates only add to a lead
-        for rows in o.candidate_rows:
-            if rows <= 0:
-                break
-            candidates.append((o.candidate_gain / rows, o.candidate_gain, rows, False, True))
-    if o.window_column_gain > 0:
-        for k in range(first_column, len(o.window_column_rows)):
-            rows = o.window_column_rows[k]
-            chain = k == 0 and lead == 0  # column 0 below a bare root is a chain
-            columns.append((o.window_column_gain / max(rows, 1), o.window_column_gain, rows, chain, False))
-    return _merge_in_order(candidates, columns)
-
-
-def _plan_branches(
-    options: Sequence[DraftOptions | None], cost: StepCost, step: _Step, lead: list[int], cols: list[int]
-) -> list[int]:
-    """Phase 2: further candidates and window columns (``cols`` updated in place; the candidates
-    returned).  A tree's first branching piece pays the step's fixed tree price
-    (tree_step_seconds) for every piece after it, so each request takes the best *prefix* of its
-    pieces (best expected tokens per row first; candidates and columns each in their order), if
-    that prefix raises E / T; requests whose first piece is most efficient go first."""
-    cands = [0] * len(options)
-    queues = []
-    for r, o in enumerate(options):
-        mine = _pieces(o, lead[r], cols[r]) if o is not None else []
-        if mine:
-            queues.append((-mine[0][0], r, mine))
-    queues.sort()
-    for _, r, mine in queues:
-        best, best_at = step.expected / step.time, 0
-        e, tok, rows_tree = step.expected, step.tokens, step.tree_rows
-        o = options[r]
-        assert o is not None
-        fixed = step.fixed + (o.fixed_seconds if lead[r] == 0 else 0.0)  # its first draft pays its price
-        for k, (_, gain, rows, chain, _) in enumerate(mine, start=1):
-            e, tok, rows_tree = e + gain, tok + rows, rows_tree + (0 if chain else rows)
-            ratio = e / (cost.forward(tok, rows_tree) + fixed + (e - step.expected) * o.token_seconds)
-            if ratio > best:
-                best, best_at = ratio, k
-        if best_at == 0:
-            continue
-        step.fixed = fixed
-        for _, gain, rows, chain, candidate in mine[:best_at]:
-            if candidate:
-                cands[r] += 1
-            else:
-                cols[r] += 1
-            step.tokens += rows
-            step.tree_rows += 0 if chain else rows
-            step.expected += gain
-            step.fixed += gain * o.token_seconds
-        step.time = cost.forward(step.tokens, step.tree_rows) + step.fixed
-    return cands
-
-
-def _merge_in_order(a: list, b: list) -> list:
-    """``a`` and ``b`` interleaved best first (by their first field), each kept in its own order."""
-    out, i, j = [], 0, 0
-    while i < len(a) or j < len(b):
-        if j >= len(b) or (i < len(a) and a[i][0] >= b[j][0]):
-            out.append(a[i])
-            i += 1
+    gains: list[float] = []
+    rows: list[int] = []
+    lead_at, cand_at, col_at, scalars, present = [0], [0], [], [], []
+    for o in options:
+        if o is not None:
+            gains.extend(o.lead_gains)
+            rows.extend(o.candidate_rows)
+            col_at.append(len(rows))
+            rows.extend(o.window_column_rows)
+            scalars.append((o.candidate_gain, o.window_column_gain, o.fixed_seconds, o.token_seconds))
         else:
-            out.append(b[j])
-            j += 1
-    return out
+            col_at.append(len(rows))
+            scalars.append((0.0, 0.0, 0.0, 0.0))
+        present.append(o is not None)
+        lead_at.append(len(gains))
+        cand_at.append(len(rows))
+    out = np.zeros((3, n), dtype=np.int64)
+    plan_loops().plan(
+        np.array(gains, dtype=np.float64),
+        np.array(lead_at, dtype=np.int64),
+        np.array(rows, dtype=np.int64),
+        np.array(cand_at, dtype=np.int64),
+        np.array(col_at, dtype=np.int64),
+        np.array(scalars, dtype=np.float64).reshape(n, 4),
+        np.array(present, dtype=np.bool_),
+        *cost.terms(),
+        float(n if base_tokens is None else base_tokens),
+        *out,
+    )
+    return [DraftPlan(lead, cands, cols) for lead, cands, cols in zip(*out.tolist())]
+
+
+def compile_plan() -> None:
+    """Compile :func:`plan_step`'s loop (numba; cached on disk after the first time) at start-up,
+    not in the first step that drafts."""
+    option = DraftOptions((0.9, 0.5), (2,), 0.1, (0, 3), 0.1, fixed_seconds=1e-4, token_seconds=1e-5)
+    plan_step([option, None], StepCost.linear(0.01, 1e-4, tree_row=1e-4))

@@ -84,6 +84,7 @@ class StepCandidates:
     lead_sources: list[int]
     others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
     lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (the rule's confidence in it)
+    lead_odds: tuple[float, float] | None = None  # the rule's LeadConfidence.odds of it (None: not asked)
 
 
 class RequestLookahead:
@@ -157,15 +158,16 @@ class RequestLookahead:
         lead: tuple[int, ...] = ()
         lead_sources: list[int] = []
         evidence = LeadEvidence()
+        odds = None
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
             # its length follows what was accepted (DraftLength).
             evidence = LeadEvidence(looked.context, max(1, looked.support), shared=found[0][1] == Source.SHARED)
             if config.mode is DraftMode.AUTO:
                 # one more than can pay: a left-out token is still checked against the emitted one
-                length = min(
-                    config.lead_tokens, 1 + self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens)
-                )
+                odds = self.acceptance.lead.odds(evidence)
+                above = self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens, odds)
+                length = min(config.lead_tokens, 1 + above)
             else:
                 length = self.lead_length.current
             lead, lead_sources = self.text.grow_lead(found[0][0], found[0][1], recent, min(room, length))
@@ -175,20 +177,24 @@ class RequestLookahead:
             lead_sources,
             found[1:] if lead else [],
             lead_evidence=evidence,
+            lead_odds=odds,
         )
 
     def draft_options(
         self, cands: StepCandidates, window: bool = True, fixed_seconds: float = 0.0, token_seconds: float = 0.0
     ) -> DraftOptions:
         """What the draft rule (:func:`~.draft_rule.plan_step`) may choose from for ``cands``,
-        with this request's expected acceptance and its host prices (``DraftOptions``)."""
+        with this request's expected acceptance and its host prices (``DraftOptions``).  The lead's
+        gains come from the odds its candidates were made with (:attr:`StepCandidates.lead_odds`):
+        the records they rest on change only when a request observes a step, and the engine
+        observes every request's step before it asks any request for candidates."""
         acc = self.acceptance
         rows: tuple[int, ...] = ()
         if window and self.window is not None:
             filled = self.window.filled
             rows = (filled - 1, *([filled] * (self.window.window_size - 1)))
         return DraftOptions(
-            lead_gains=acc.lead.gains(cands.lead_evidence, len(cands.lead)),
+            lead_gains=acc.lead.gains(cands.lead_evidence, len(cands.lead), cands.lead_odds),
             candidate_rows=tuple(len(c) for c, _ in cands.others),
             candidate_gain=acc.candidate.value,
             window_column_rows=rows,

@@ -30,8 +30,8 @@ draft rule (:mod:`.draft_rule`) asks before every step:
   time of tree steps over their tree rows.  It starts at ``tree_row_prior``; with
   the default prior 0 the first branching steps served are the tree pass's profile.
 
-Pure Python; the numbers are seconds.  ``to_dict``/``from_dict`` write and read
-the model as JSON (``bench --replay --replay-cost``).
+Pure Python (:meth:`StepCost.terms` hands the model to the compiled plan); the numbers are
+seconds.  ``to_dict``/``from_dict`` write and read the model as JSON (``bench --replay --replay-cost``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # A step counts at most this many times what the model predicts for it: one slow step (a code
 # path's first call, another process taking the core) moves the model no further than a step
@@ -72,6 +74,7 @@ class StepCost:
     _tree_rows: float = field(default=0.0, repr=False)
     _cheapest: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
     _chains: dict[float, float] = field(default_factory=dict, init=False, repr=False, compare=False)  # chain() by size
+    _profile: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.seconds) or not self.tokens:
@@ -154,6 +157,17 @@ class StepCost:
         if tree_rows > 0:
             t += self.tree_step_seconds + self.tree_row_seconds * tree_rows
         return t
+
+    def terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The model as the compiled plan reads it (:mod:`.plan_loop`): the profiled sizes and
+        their times (float64), and ``(scale, token_seconds, tree_step_seconds, tree_row_seconds)``."""
+        if self._profile is None:
+            self._profile = (np.array(self.tokens, dtype=np.float64), np.array(self.seconds, dtype=np.float64))
+        fit = self._fit
+        return (
+            *self._profile,
+            np.array((fit.scale, fit.per_token, self.tree_step_seconds, self.tree_row_seconds), dtype=np.float64),
+        )
 
     # -- learning from real steps --------------------------------------------------------
     def observe(self, tokens: int, tree_rows: int, seconds: float) -> None:

@@ -43,7 +43,7 @@ import torch
 
 from vllm_lookahead.config import DraftMode, LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
-from vllm_lookahead.core.draft_rule import PooledConfidence, lead_floor
+from vllm_lookahead.core.draft_rule import PooledConfidence, compile_plan, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.request_text import compile_pools
@@ -111,10 +111,12 @@ class RunnerLookahead:
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
-        the pools' loops, profile the forward cost.  Returns the attention backend's name."""
+        the pools' loops and the draft rule's, profile the forward cost.  Returns the attention
+        backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
         if self.config.mode is DraftMode.AUTO:
+            compile_plan()
             self.timing.cost, self.timing.frozen = agree_across_ranks(profile_forward_cost(self.runner))
         return self.kv.backend
 
@@ -231,6 +233,9 @@ class RunnerLookahead:
         req_ids = self.runner.input_batch.req_ids
         drafts: list[list[int]] = [[] for _ in req_ids]
         wanted: list[tuple[int, str, DraftRequest, ThinkingLimit | None]] = []
+        # Every request observes its step first, then those that draft ask for candidates: what
+        # one request learns (the shared pools, the engine's pooled lead record) is there for all.
+        observed = []
         # an idle request resting: no lookups this step, its pools catch up when it proposes again
         proposing = self.live.proposing(req_ids, sampled_token_ids) if can_draft else range(len(req_ids))
         for i in proposing:
@@ -242,6 +247,8 @@ class RunnerLookahead:
                 if new_tokens:  # the pools catch up on skipped tokens when the request drafts again
                     self.report.undrafted[req_id] = Undrafted.BATCH_FULL.label
                 continue
+            observed.append((i, req_id, state, new_tokens, history))
+        for i, req_id, state, new_tokens, history in observed:
             request = self._draft_request(i, req_id, state, new_tokens, history, budget, floor)
             if isinstance(request, Undrafted):
                 self.report.undrafted[req_id] = request.label

@@ -1,0 +1,303 @@
+"""The draft rule's plan for a step (:func:`~.draft_rule.plan_step`) as one compiled loop.
+
+The rule (the module docstring of :mod:`.draft_rule`) walks every drafting request's lead tokens,
+further candidates and window columns best-first, asking the forward-cost model a few hundred
+times a step at a few dozen drafting requests; in Python that is ~15 us per drafting request.
+Here the batch's options come in as flat arrays (:class:`PlanInput`, filled by
+:func:`~.draft_rule.plan_step`), the cost model as its profile and fitted terms
+(:meth:`~.step_cost.StepCost.terms`), and one call returns every request's plan.  Every sum and
+comparison is made in the same order as the rule's definition, so the plans are the same.
+
+Per request ``r``, the options are:
+
+- ``gains[lead_at[r] : lead_at[r + 1]]``: each lead token's expected gain (:attr:`DraftOptions.lead_gains`);
+- ``rows[cand_at[r] : col_at[r]]``: each further candidate's rows; ``rows[col_at[r] : cand_at[r + 1]]``:
+  each window column's rows (``cand_at`` and ``col_at`` interleave over one ``rows`` array);
+- ``scalars[r]``: candidate gain, window-column gain, fixed price, price per accepted token;
+- ``present[r]``: 0 for a request without options (it drafts nothing).
+
+Compiled by :func:`load` on first use (numba is not imported before; see :mod:`.ngram_table`).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+CAND_GAIN, COL_GAIN, FIXED, PER_TOKEN = 0, 1, 2, 3  # scalars' columns
+# pieces' columns: gain per row, gain, rows, is a chain, is a candidate
+GAIN_PER_ROW, GAIN, ROWS, CHAIN, CANDIDATE = 0, 1, 2, 3, 4
+
+
+def _chain(xs, ys, tokens):
+    """The profiled chain forward of ``tokens`` tokens (StepCost._interpolated)."""
+    n = len(xs)
+    if n == 1:
+        if tokens > xs[0]:
+            return ys[0] * max(tokens, 1.0) / xs[0]
+        return ys[0]
+    lo, hi = 0, n
+    while lo < hi:  # bisect_left
+        mid = (lo + hi) // 2
+        if xs[mid] < tokens:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 0:
+        return ys[0]
+    i = min(lo, n - 1)  # past the last point: the last segment's slope
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+
+def _forward(xs, ys, terms, tokens, tree_rows):
+    """StepCost.forward; ``terms``: scale, per-token price, tree step price, tree row price."""
+    t = terms[0] * _chain(xs, ys, tokens) + terms[1] * (tokens - 1.0 if tokens > 1.0 else 0.0)
+    if tree_rows > 0:
+        t += terms[2] + terms[3] * tree_rows
+    return t
+
+
+def _before(hk, hr, hi, a, b) -> bool:
+    """Heap entry ``a`` comes before ``b``: (key, request, token) ascending."""
+    if hk[a] != hk[b]:
+        return hk[a] < hk[b]
+    if hr[a] != hr[b]:
+        return hr[a] < hr[b]
+    return hi[a] < hi[b]
+
+
+def _swap(hk, hr, hi, a, b) -> None:
+    hk[a], hk[b] = hk[b], hk[a]
+    hr[a], hr[b] = hr[b], hr[a]
+    hi[a], hi[b] = hi[b], hi[a]
+
+
+def _push(hk, hr, hi, size, key, r, i) -> int:
+    hk[size], hr[size], hi[size] = key, r, i
+    c = size
+    while c > 0:
+        p = (c - 1) // 2
+        if not _before(hk, hr, hi, c, p):
+            break
+        _swap(hk, hr, hi, c, p)
+        c = p
+    return size + 1
+
+
+def _pop(hk, hr, hi, size) -> int:
+    """Move the first entry to ``size - 1``; returns the new size."""
+    size -= 1
+    _swap(hk, hr, hi, 0, size)
+    p = 0
+    while True:
+        c = 2 * p + 1
+        if c >= size:
+            break
+        if c + 1 < size and _before(hk, hr, hi, c + 1, c):
+            c += 1
+        if not _before(hk, hr, hi, c, p):
+            break
+        _swap(hk, hr, hi, c, p)
+        p = c
+    return size
+
+
+def _lead_pays_its_price(xs, ys, terms, gains, a, b, fixed, per_token, step) -> bool:
+    """Some prefix of the lead ``gains[a:b]`` raises the step's E / T with its fixed price paid."""
+    tokens, rows = step[TOKENS], step[TREE_ROWS]
+    bare = _forward(xs, ys, terms, tokens, rows)
+    gained = 0.0
+    for k in range(1, b - a + 1):
+        gained += gains[a + k - 1]
+        added = _forward(xs, ys, terms, tokens + k, rows) - bare + fixed + gained * per_token
+        if gained * step[TIME] > step[EXPECTED] * added:
+            return True
+    return False
+
+
+def _pieces(rows, cand_at, col_at, scalars, r, lead, first_column, out) -> int:
+    """Request ``r``'s further pieces into ``out`` (rows x 5, best first, each kind in its order);
+    returns how many (draft_rule's definition: candidates only add to a lead; window column 0
+    below a bare root is a chain)."""
+    cand_from, cand_to, col_to = cand_at[r], col_at[r], cand_at[r + 1]
+    cand_gain, col_gain = scalars[r, CAND_GAIN], scalars[r, COL_GAIN]
+    n_cand = 0
+    if lead > 0 and cand_gain > 0:
+        while cand_from + n_cand < cand_to and rows[cand_from + n_cand] > 0:
+            n_cand += 1
+    n_col = col_to - (cand_to + first_column) if col_gain > 0 else 0
+    n_col = max(n_col, 0)
+    i = j = m = 0
+    while i < n_cand or j < n_col:
+        c_rows = rows[cand_from + i] if i < n_cand else 0
+        k = first_column + j
+        w_rows = rows[cand_to + k] if j < n_col else 0
+        c_key = cand_gain / c_rows if i < n_cand else 0.0
+        w_key = col_gain / max(w_rows, 1) if j < n_col else 0.0
+        if j >= n_col or (i < n_cand and c_key >= w_key):
+            out[m, GAIN_PER_ROW], out[m, GAIN], out[m, ROWS] = c_key, cand_gain, c_rows
+            out[m, CHAIN], out[m, CANDIDATE] = 0.0, 1.0
+            i += 1
+        else:
+            out[m, GAIN_PER_ROW], out[m, GAIN], out[m, ROWS] = w_key, col_gain, w_rows
+            out[m, CHAIN] = 1.0 if (k == 0 and lead == 0) else 0.0
+            out[m, CANDIDATE] = 0.0
+            j += 1
+        m += 1
+    return m
+
+
+# the step planned so far, one float64 array the phases share: its tokens, tree rows, expected
+# tokens emitted, seconds (forward plus fixed prices) and the drafting requests' fixed prices
+TOKENS, TREE_ROWS, EXPECTED, TIME, FIXED_TOTAL = 0, 1, 2, 3, 4
+
+
+def plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, lead, cands, cols):
+    """Every request's plan into ``lead``, ``cands``, ``cols`` (int64, one per request; the layout
+    of the inputs in the module docstring).  ``base_tokens``: the bare forward's tokens."""
+    n = len(present)
+    step = np.zeros(5, dtype=np.float64)
+    step[TOKENS] = base_tokens
+    step[EXPECTED] = max(base_tokens, float(n))
+    step[TIME] = _forward(xs, ys, terms, max(base_tokens, 1.0), 0.0)
+    for r in range(n):
+        lead[r] = cands[r] = cols[r] = 0
+        # a window still at its first level: column 0 is the root itself (no rows), free to run
+        if present[r] and col_at[r] < cand_at[r + 1] and rows[col_at[r]] == 0 and scalars[r, COL_GAIN] > 0:
+            cols[r] = 1
+    _plan_leads(gains, lead_at, scalars, present, xs, ys, terms, step, lead)
+    _drop_leads_that_lower_the_rate(gains, lead_at, scalars, present, xs, ys, terms, step, lead)
+    _plan_branches(rows, cand_at, col_at, scalars, present, xs, ys, terms, step, lead, cands, cols)
+
+
+def _plan_leads(gains, lead_at, scalars, present, xs, ys, terms, step, lead) -> None:
+    """Phase 1: lead tokens, most likely first, while each adds more than its time costs."""
+    n = len(present)
+    hk = np.empty(n, dtype=np.float64)
+    hr = np.empty(n, dtype=np.int64)
+    hi = np.empty(n, dtype=np.int64)
+    size = 0
+    for r in range(n):
+        a = lead_at[r]
+        if present[r] and lead_at[r + 1] > a and gains[a] > 0:
+            size = _push(hk, hr, hi, size, -gains[a], r, 1)
+    while size > 0:
+        size = _pop(hk, hr, hi, size)
+        gain, r, i = -hk[size], hr[size], hi[size]
+        a, b = lead_at[r], lead_at[r + 1]
+        fixed, per_token = scalars[r, FIXED], scalars[r, PER_TOKEN]
+        dt = _forward(xs, ys, terms, step[TOKENS] + 1, step[TREE_ROWS]) + step[FIXED_TOTAL] - step[TIME]
+        dt = dt + gain * per_token
+        if i == 1 and fixed > 0:
+            if not _lead_pays_its_price(xs, ys, terms, gains, a, b, fixed, per_token, step):
+                continue
+            dt += fixed
+            step[FIXED_TOTAL] += fixed
+        elif gain * step[TIME] <= step[EXPECTED] * dt:
+            continue  # this request's longer lead gains even less
+        step[FIXED_TOTAL] += gain * per_token
+        lead[r] = i
+        step[TOKENS] += 1
+        step[EXPECTED] += gain
+        step[TIME] += dt
+        if i < b - a:
+            size = _push(hk, hr, hi, size, -gains[a + i], r, i + 1)
+
+
+def _drop_leads_that_lower_the_rate(gains, lead_at, scalars, present, xs, ys, terms, step, lead) -> None:
+    """Leads taken while paying an earlier lead's price that lower E / T in the end: dropped, the
+    one whose removal raises E / T most first, until removing none would."""
+    while True:
+        rate, worst = step[EXPECTED] / step[TIME], -1
+        drop_gained = drop_fixed = drop_time = 0.0
+        for r in range(len(present)):
+            fixed = scalars[r, FIXED]
+            if not present[r] or lead[r] == 0 or fixed <= 0:
+                continue
+            gained = 0.0
+            for k in range(lead[r]):
+                gained += gains[lead_at[r] + k]
+            left = step[FIXED_TOTAL] - fixed - gained * scalars[r, PER_TOKEN]
+            t = _forward(xs, ys, terms, step[TOKENS] - lead[r], step[TREE_ROWS]) + left
+            if (step[EXPECTED] - gained) > rate * t:
+                rate, worst = (step[EXPECTED] - gained) / t, r
+                drop_gained, drop_fixed, drop_time = gained, left, t
+        if worst < 0:
+            return
+        step[TOKENS] -= lead[worst]
+        step[EXPECTED], step[FIXED_TOTAL], step[TIME] = step[EXPECTED] - drop_gained, drop_fixed, drop_time
+        lead[worst] = 0
+
+
+def _plan_branches(rows, cand_at, col_at, scalars, present, xs, ys, terms, step, lead, cands, cols) -> None:
+    """Phase 2: further candidates and window columns; each request takes the best prefix of its
+    pieces if it raises E / T, requests whose first piece is most efficient first."""
+    n = len(present)
+    most = 0
+    for r in range(n):
+        most = max(most, cand_at[r + 1] - cand_at[r])
+    pieces = np.empty((most, 5), dtype=np.float64)
+    first = np.empty(n, dtype=np.float64)
+    queued = np.zeros(n, dtype=np.bool_)
+    for r in range(n):
+        if present[r] and _pieces(rows, cand_at, col_at, scalars, r, lead[r], cols[r], pieces) > 0:
+            first[r], queued[r] = -pieces[0, GAIN_PER_ROW], True
+    order = np.nonzero(queued)[0]
+    order = order[np.argsort(first[order], kind="mergesort")]  # ties: the request's order
+    for r in order:
+        m = _pieces(rows, cand_at, col_at, scalars, r, lead[r], cols[r], pieces)
+        per_token = scalars[r, PER_TOKEN]
+        expected = step[EXPECTED]
+        best, best_at = expected / step[TIME], 0
+        e, tok, rows_tree = expected, step[TOKENS], step[TREE_ROWS]
+        fixed = step[FIXED_TOTAL] + (scalars[r, FIXED] if lead[r] == 0 else 0.0)  # its first draft pays its price
+        for k in range(m):
+            e, tok = e + pieces[k, GAIN], tok + pieces[k, ROWS]
+            rows_tree = rows_tree + (0.0 if pieces[k, CHAIN] else pieces[k, ROWS])
+            ratio = e / (_forward(xs, ys, terms, tok, rows_tree) + fixed + (e - expected) * per_token)
+            if ratio > best:
+                best, best_at = ratio, k + 1
+        if best_at == 0:
+            continue
+        step[FIXED_TOTAL] = fixed
+        for k in range(best_at):
+            if pieces[k, CANDIDATE]:
+                cands[r] += 1
+            else:
+                cols[r] += 1
+            step[TOKENS] += pieces[k, ROWS]
+            step[TREE_ROWS] += 0.0 if pieces[k, CHAIN] else pieces[k, ROWS]
+            step[EXPECTED] += pieces[k, GAIN]
+            step[FIXED_TOTAL] += pieces[k, GAIN] * per_token
+        step[TIME] = _forward(xs, ys, terms, step[TOKENS], step[TREE_ROWS]) + step[FIXED_TOTAL]
+
+
+_INLINED = ("_chain", "_forward", "_before", "_swap")  # compiled into their callers
+_HELPERS = (
+    "_push",
+    "_pop",
+    "_lead_pays_its_price",
+    "_pieces",
+    "_plan_leads",
+    "_drop_leads_that_lower_the_rate",
+    "_plan_branches",
+)
+LOOPS = ("plan",)
+loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
+
+
+def load() -> SimpleNamespace:
+    """The compiled loop (numba, ``cache=True``), made on first use: see :func:`.ngram_table.load`."""
+    if not vars(loops):
+        from numba import njit
+
+        module = globals()
+        for name in _INLINED:
+            module[name] = njit(cache=True, inline="always")(module[name])
+        for name in (*_HELPERS, *LOOPS):
+            module[name] = njit(cache=True)(module[name])
+        for name in LOOPS:
+            setattr(loops, name, module[name])
+    return loops
