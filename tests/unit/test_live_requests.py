@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_lookahead.engine.propose.live_requests import LiveRequests
+from vllm_lookahead.engine.propose.live_requests import LiveRequest, LiveRequests, first_rest_shift
 
 
 def _state(name: str, pool_ngrams: int = 0) -> SimpleNamespace:
@@ -114,3 +114,27 @@ def test_requests_idle_together_wake_on_different_steps():
     rests = [live._records[r].rest for r in cohort]
     assert max(rests) == 32 and min(rests) >= 16 and len(set(rests)) >= 14
     assert max(rests.count(r) for r in set(rests)) <= 8
+
+
+def test_a_new_request_rests_longer_at_once_where_the_engines_offers_hardly_draft():
+    """The first rest is a sixteenth of the longest while one offer in ten or more drafts, a fourth
+    once the engine's recent offers (about the last hundred) have drafted next to nothing."""
+
+    def first_rest(live: LiveRequests, req_id: str) -> int:
+        live._records[req_id] = LiveRequest(phase=0.0)  # no rest cut
+        for _ in range(2):
+            live.offered(req_id, drafted=False, max_rest=128)
+        skipped = 0
+        while _resting(live, req_id):
+            skipped += 1
+        return skipped
+
+    busy = LiveRequests()
+    for i in range(300):  # one offer in three drafts
+        busy.offered(f"x{i}", drafted=i % 3 == 0, max_rest=128)
+    assert busy.draft_yield > 0.1 and first_rest(busy, "new") == 8
+    idle = LiveRequests()
+    for i in range(500):
+        idle.offered(f"x{i}", drafted=False, max_rest=128)
+    assert idle.draft_yield < 0.02 and first_rest(idle, "new") == 32
+    assert [first_rest_shift(y) for y in (1.0, 0.1, 0.05, 0.02, 0.01, 0.0)] == [4, 4, 3, 3, 2, 2]

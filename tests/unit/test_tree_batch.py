@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support.drafting import draft_one
 from vllm_lookahead.config import LookaheadConfig
@@ -95,3 +97,55 @@ def test_roots_first_layout_puts_every_root_row_first():
     assert rows == (10 + logit_nodes).tolist()
     with pytest.raises(RuntimeError, match="grammar bitmask"):
         batch.logits_rows_as_drafts({"b": spec})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(1, 6), st.integers(0, 40)), min_size=1, max_size=9),
+    st.booleans(),
+)
+def test_every_layout_reads_each_requests_rows(requests, roots_first):
+    """Any mix of plain rows (decodes, prefill chunks) and trees (cut to a prefix of any length):
+    each request's sampled row reads its root (a plain request's last token), each tree's logits
+    rows read its logit nodes' token rows in node order, and the draft rows get ``context + depth``."""
+    draft = _draft()
+    req_ids, spec, drafts, sizes, computed = [], {}, {}, [], []
+    for i, (tree, count, context) in enumerate(requests):
+        req_id = f"r{i}"
+        req_ids.append(req_id)
+        computed.append(context)
+        if tree:
+            cut = min(count, draft.tree.size - 1)
+            spec[req_id], drafts[req_id] = draft.tree.draft_tokens[:cut], draft
+            sizes.append(cut + 1)
+        else:
+            sizes.append(count)
+    qsl = np.concatenate([[0], np.cumsum(sizes)])
+    batch = build_tree_batch(
+        req_ids, spec, drafts.get, qsl, np.diff(qsl), np.array(computed), torch.device("cpu"), roots_first
+    )
+    if not spec:
+        assert batch is None
+        return
+    logits = batch.logits_indices.tolist()
+    trees = iter(batch.requests)
+    tree_rows, rows, positions = [], [], []
+    for i, req_id in enumerate(req_ids):
+        if req_id in spec:
+            tr = next(trees)
+            nodes = tr.tree.logit_rows()
+            assert tr.batch_index == i and tr.token_start == qsl[i] and tr.num_nodes == sizes[i]
+            assert logits[int(batch.sample_rows[i])] == qsl[i]
+            tree_rows.append((qsl[i] + nodes).tolist())
+            rows += list(range(qsl[i] + 1, qsl[i] + sizes[i]))
+            positions += (computed[i] + tr.tree.depths[1:]).tolist()
+        else:
+            assert logits[int(batch.sample_rows[i])] == qsl[i + 1] - 1
+    assert [logits[r] for r in batch.tree_logit_rows.tolist()] == [r for t in tree_rows for r in t]
+    assert len(logits) == len(req_ids) + sum(len(t) - 1 for t in tree_rows)
+    if roots_first:
+        assert batch.sample_rows.tolist() == list(range(len(req_ids)))
+    else:  # request by request: a request's rows follow the one before
+        assert batch.sample_rows.tolist() == sorted(set(batch.sample_rows.tolist()))
+    update_rows, update_positions = batch.positions_update()
+    assert update_rows.tolist() == rows and update_positions.tolist() == positions

@@ -33,6 +33,17 @@ if TYPE_CHECKING:
 
 
 _GOLDEN = 0.6180339887498949  # the golden ratio's fraction: its multiples mod 1 spread evenly
+YIELD_DECAY = 0.99  # per offer: the engine's draft yield remembers about its last 100 offers
+
+
+def first_rest_shift(draft_yield: float) -> int:
+    """An idle request's first rest is ``max_rest >>`` this: a sixteenth of the longest rest while
+    at least one offer in ten drafts (batches of up to ~128 in the host-work replay: yields
+    0.12-0.84), a fourth where hardly any does (256 and 1,024 short: 0.001 and 0), an eighth
+    between.  A proposal that finds nothing worth drafting costs the same whatever the batch, and
+    where the batch is too full for drafts to pay, a new request's way up to its longest rest was
+    most of the host work (256 short: ~2 new requests a step, each proposing some 7 times)."""
+    return 2 if draft_yield < 0.02 else 3 if draft_yield < 0.1 else 4
 
 
 @dataclass
@@ -56,6 +67,7 @@ class LiveRequests:
         self._verified: list[str] = []  # requests given an outcome since the step began
         self.pool_ngrams = 0  # n-grams the live requests' pools hold, as last counted
         self._phase = 0.0  # the next record's phase: golden-ratio steps spread any run of records over [0, 1)
+        self.draft_yield = 1.0  # decayed share of offers to the draft rule that drafted (YIELD_DECAY)
 
     def __len__(self) -> int:
         """Requests the worker keeps anything for (finished ones are forgotten)."""
@@ -127,14 +139,17 @@ class LiveRequests:
         running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
         rest), and a draft ends its idleness.  Where ``max_rest`` is long (proposing for every
         request would cost a large share of the forward: hundreds of requests in flight) the first
-        rest is already ``max_rest / 16``, so that each new request's way up to it costs a few
-        proposals, not eight.  Each rest is cut by a share of up to half that
-        differs between requests (their phase), so that requests that went idle together (a
-        burst admitted at once, a batch where nothing pays) do not all propose again on the same
-        step."""
+        rest is already ``max_rest / 16`` -- ``/ 8`` or ``/ 4`` where the engine's offers have
+        hardly drafted lately (:attr:`draft_yield`, :func:`first_rest_shift`) -- so that each new
+        request's way up to it costs a few proposals, not eight.  Each rest is cut by a share of
+        up to half that differs between requests (their phase), so that requests that went idle
+        together (a burst admitted at once, a batch where nothing pays) do not all propose again
+        on the same step."""
+        self.draft_yield = YIELD_DECAY * self.draft_yield + (1.0 - YIELD_DECAY) * drafted
         record = self._record(req_id)
         record.idle = 0 if drafted else record.idle + 1
-        rest = min(max_rest, max(1, max_rest >> 4) << (record.idle - 2)) if record.idle >= 2 else 0
+        first = max(1, max_rest >> first_rest_shift(self.draft_yield))
+        rest = min(max_rest, first << (record.idle - 2)) if record.idle >= 2 else 0
         record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
 
     def new_step(self) -> None:

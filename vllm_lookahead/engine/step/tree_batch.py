@@ -112,14 +112,15 @@ class TreeBatch:
 
     def positions_update(self) -> tuple[np.ndarray, np.ndarray]:
         """(token rows, RoPE positions) of every draft row."""
-        rows, pos = [], []
-        for tr in self.requests:
-            n = tr.num_nodes
-            rows.append(tr.token_start + np.arange(1, n))
-            pos.append(tr.context_len + tr.tree.depths[1:n].astype(np.int64))
-        if not rows:
+        drafts = np.array([tr.num_nodes - 1 for tr in self.requests], dtype=np.int64)
+        if not drafts.sum():
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(rows).astype(np.int64), np.concatenate(pos)
+        firsts = np.cumsum(drafts) - drafts
+        within = np.arange(int(drafts.sum()), dtype=np.int64) - np.repeat(firsts, drafts) + 1  # node ids 1..n-1
+        starts = np.array([tr.token_start for tr in self.requests], dtype=np.int64)
+        contexts = np.array([tr.context_len for tr in self.requests], dtype=np.int64)
+        depths = np.concatenate([tr.tree.depths[1:] for tr in self.requests]).astype(np.int64)
+        return np.repeat(starts, drafts) + within, np.repeat(contexts, drafts) + depths
 
 
 def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[DraftTree, StepDraft | None]:
@@ -154,40 +155,45 @@ def build_tree_batch(
     docstring); else each request's rows together, as vLLM lays out linear drafts."""
     if not scheduled_spec:
         return None
-    requests: list[TreeRequest] = []
-    logits_rows: list[np.ndarray] = []  # request by request; roots first: the roots' rows only
-    extra_rows: list[np.ndarray] = []  # roots first: the trees' rows after their roots
-    sample_rows = np.zeros(len(req_ids), dtype=np.int64)
-    tree_rows: list[np.ndarray] = []
-    cursor = len(req_ids) if roots_first else 0  # the next logits row a tree's non-root nodes take
-    for i, req_id in enumerate(req_ids):
-        start = int(query_start_loc[i])
-        spec = scheduled_spec.get(req_id)
-        if spec:
-            requests.append(_tree_request(i, req_id, draft_of(req_id), spec, start, num_scheduled, num_computed))
-            rows = start + requests[-1].logit_nodes
-        else:  # plain row (decode without drafts or prefill chunk): logits of its last token
-            rows = np.array([start + int(num_scheduled[i]) - 1], dtype=np.int64)
-        if roots_first:
-            logits_rows.append(rows[:1])
-            sample_rows[i] = i
-            if spec:
-                extra_rows.append(rows[1:])
-                tree_rows.append(np.concatenate([[i], cursor + np.arange(len(rows) - 1, dtype=np.int64)]))
-                cursor += len(rows) - 1
-        else:
-            logits_rows.append(rows)
-            sample_rows[i] = cursor
-            if spec:
-                tree_rows.append(cursor + np.arange(len(rows), dtype=np.int64))
-            cursor += len(rows)
-    if not requests:
+    n = len(req_ids)
+    spec_at = [i for i, req_id in enumerate(req_ids) if scheduled_spec.get(req_id)]
+    if not spec_at:
         return None
+    starts = np.asarray(query_start_loc[:n], dtype=np.int64)
+    requests = [
+        _tree_request(
+            i, req_ids[i], draft_of(req_ids[i]), scheduled_spec[req_ids[i]], int(starts[i]), num_scheduled, num_computed
+        )
+        for i in spec_at
+    ]
+    trees = np.array(spec_at, dtype=np.int64)  # batch indices of the requests with trees
+    sizes = np.array([len(tr.logit_nodes) for tr in requests], dtype=np.int64)  # logits rows per tree
+    firsts = np.cumsum(sizes) - sizes  # where each tree's rows begin among all trees' rows
+    nodes = np.concatenate([tr.logit_nodes for tr in requests])
+    node_rows = np.repeat(starts[trees], sizes) + nodes  # token rows of every tree's logit nodes
+    last = starts + np.asarray(num_scheduled[:n], dtype=np.int64) - 1  # a plain row's logits: its last token
+    if roots_first:
+        roots = last.copy()
+        roots[trees] = node_rows[firsts]  # a tree's root is its node 0
+        after_root = np.ones(len(nodes), dtype=bool)
+        after_root[firsts] = False
+        logits_rows = np.concatenate([roots, node_rows[after_root]])
+        sample_rows = np.arange(n, dtype=np.int64)
+        tree_rows = np.empty(len(nodes), dtype=np.int64)
+        tree_rows[firsts] = trees
+        tree_rows[after_root] = n + np.arange(len(nodes) - len(requests), dtype=np.int64)
+    else:
+        per_request = np.ones(n, dtype=np.int64)
+        per_request[trees] = sizes
+        sample_rows = np.cumsum(per_request) - per_request  # each request's first logits row
+        logits_rows = np.repeat(last, per_request)
+        tree_rows = np.repeat(sample_rows[trees] - firsts, sizes) + np.arange(len(nodes), dtype=np.int64)
+        logits_rows[tree_rows] = node_rows
     return TreeBatch(
         requests=requests,
-        logits_indices=torch.from_numpy(np.concatenate(logits_rows + extra_rows)).to(device),
+        logits_indices=torch.from_numpy(logits_rows).to(device),
         sample_rows=torch.from_numpy(sample_rows).to(device),
-        tree_logit_rows=np.concatenate(tree_rows),
+        tree_logit_rows=tree_rows,
         roots_first=roots_first,
     )
 
