@@ -266,15 +266,15 @@ class LeadConfidence:
         if tried <= 0:
             return
         nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
+        first = self._first_logit(e)
+        following = self._next_logit(e) if nexts > 0 else 0.0
         if drafted and self.pooled is not None:  # against the request's own estimate (the pooled shift left out)
-            self.pooled.first.add(1, int(accepted > 0), _sigmoid(self._first_logit(e) + self.first_record.shift))
+            self.pooled.first.add(1, int(accepted > 0), _sigmoid(first + self.first_record.shift))
             if nexts > 0:
-                self.pooled.next.add(
-                    nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e) + self.next_record.shift)
-                )
-        self.first_record.add(1, int(accepted > 0), _sigmoid(self._first_logit(e)))
+                self.pooled.next.add(nexts, accepted - 1, nexts * _sigmoid(following + self.next_record.shift))
+        self.first_record.add(1, int(accepted > 0), _sigmoid(first))
         if nexts > 0:
-            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(self._next_logit(e)))
+            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(following))
 
 
 @dataclass

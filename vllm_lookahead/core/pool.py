@@ -85,6 +85,7 @@ class NgramPool:
         self._meta = new_meta()
         self._capacity = 0  # keys the arrays hold: none until the first key (_more_room)
         self._keys = self._links = self._conts = self._entries = self._slots = None
+        self._table: tuple | None = None  # table(), until the arrays are replaced
         width = max(1, guess_set_size)
         self._out = np.zeros((width, ngram_size - 1), dtype=np.int32)  # a lookup's answer
         self._out_sources = np.zeros(width, dtype=np.int64)
@@ -107,6 +108,7 @@ class NgramPool:
             )
         self._keys, self._links, self._conts, self._entries = keys, links, conts, entries
         self._slots = np.full(1 << (2 * capacity - 1).bit_length(), -1, dtype=np.int32)
+        self._table = None
         self._loops.rehash(self._slots, keys, links, self._meta)
         self._capacity = capacity
 
@@ -131,10 +133,15 @@ class NgramPool:
     @property
     def table(self) -> tuple:
         """The pool's arrays as the compiled loops over several pools read them
-        (:func:`~.ngram_table.lookup_pools`); a pool without keys yet gives empty ones."""
-        if self._slots is None:
-            return (*_empty_table(self.context, max(1, self.guess_set_size), self.ngram_size - 1), self._meta)
-        return (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
+        (:func:`~.ngram_table.lookup_pools`); a pool without keys yet gives empty ones.  Made once
+        per set of arrays (a step's lookups ask for it every time)."""
+        if self._table is None:
+            if self._slots is None:
+                empty = _empty_table(self.context, max(1, self.guess_set_size), self.ngram_size - 1)
+                self._table = (*empty, self._meta)
+            else:
+                self._table = (self._slots, self._keys, self._links, self._conts, self._entries, self._meta)
+        return self._table
 
     def _key(self, key: int | Sequence[int]) -> np.ndarray | None:
         """The table key for ``key`` (a token, or the last ``context`` tokens of a sequence; None:

@@ -42,7 +42,7 @@ import numpy as np
 from .draft_length import DraftLength
 from .draft_rule import Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
 from .mode import DraftMode
-from .pool import SharedPools
+from .pool import SharedPools, int_list
 from .request_text import RequestText
 from .source import Source
 from .tree import DraftTree, TreeBuilder
@@ -147,7 +147,7 @@ class RequestLookahead:
         looked up.
         """
         config = self.config
-        recent = [int(t) for t in recent[max(0, len(recent) - config.lookup_context) :]]
+        recent = int_list(recent[max(0, len(recent) - config.lookup_context) :])
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
         room = room if room is not None else 1 << 30
@@ -339,17 +339,15 @@ class RequestLookahead:
         accepted = len(accepted_tokens) - 1
         lead = min(draft.lead_tokens, num_nodes_run - 1)
         drafted = lead > 0
-        lead_tokens = draft.tree.tokens[1 : lead + 1]
-        lead_accepted = 0
-        while lead_accepted < min(lead, accepted) and int(lead_tokens[lead_accepted]) == int(
-            accepted_tokens[lead_accepted]
-        ):
+        lead_tokens = draft.tree.tokens[1 : lead + 1].tolist()
+        lead_accepted, checked = 0, min(lead, accepted)
+        while lead_accepted < checked and lead_tokens[lead_accepted] == accepted_tokens[lead_accepted]:
             lead_accepted += 1
         window_nodes = draft.window_nodes
         columns = int(((window_nodes >= 0) & (window_nodes < num_nodes_run)).sum()) if window_nodes.size else 0
         window_accepted = 0
         if path is not None and draft.sources is not None and len(path):
-            window_accepted = int((np.asarray(draft.sources)[np.asarray(path, dtype=np.int64)] == Source.WINDOW).sum())
+            window_accepted = int(np.count_nonzero(np.asarray(draft.sources)[path] == Source.WINDOW))
         further = max(0, draft.num_candidates - 1) if num_nodes_run - 1 > lead else 0
         if draft.shadow_token >= 0 and lead == draft.lead_tokens and lead_accepted == lead == accepted:
             lead += 1  # the left-out token, checked against the emitted one
