@@ -51,7 +51,8 @@ def int_array(tokens: Sequence[int]) -> np.ndarray:
     return tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 else np.asarray(tokens, np.int64)
 
 
-_FIRST_KEYS = 256  # key capacity of a new pool's arrays
+_FIRST_KEYS = 256  # least key capacity of a new pool's arrays
+_FIRST_KEYS_MOST = 4096  # most key capacity a pool's first arrays are sized to (the first text it learns)
 
 
 @functools.cache
@@ -112,6 +113,14 @@ class NgramPool:
         self._loops.rehash(self._slots, keys, links, self._meta)
         self._capacity = capacity
 
+    def _first_room(self, ngrams: int) -> None:
+        """A pool without arrays yet, about to learn ``ngrams`` n-grams (a prompt): arrays for as
+        many keys (at least :data:`_FIRST_KEYS`, at most :data:`_FIRST_KEYS_MOST`), so that an 8k
+        prompt's pools are not rebuilt on their way up (256, 1,024, 4,096 keys: ~20 % of the
+        prompt's learning)."""
+        if self._capacity == 0:
+            self._grow(min(self.max_keys, max(_FIRST_KEYS, min(ngrams, _FIRST_KEYS_MOST))))
+
     def _more_room(self) -> None:
         """Grow the arrays (full: a compiled add stopped at a new key): four times while small (a
         request's pools grow through their first thousands of keys within its first steps), twice
@@ -121,6 +130,7 @@ class NgramPool:
 
     def _add(self, seq: np.ndarray, first: int, stride: int, count: int, source: int) -> None:
         """:func:`~.ngram_table.add_ngrams`, the arrays grown as often as it stops for room."""
+        self._first_room(count)
         done = 0
         while True:
             done += self._loops.add_ngrams(
@@ -255,6 +265,8 @@ def add_to_each(
     if not pools or pools[0].guess_set_size == 0:
         return
     seq, loops, max_keys, source = int_array(tokens), pools[0]._loops, pools[0].max_keys, int(source)
+    for pool in pools:
+        pool._first_room(len(seq) - start)
     full, done = 0, 0
     while True:
         full, done = loops.add_to_pools(tuple(pool.table for pool in pools), seq, start, max_keys, source, full, done)
