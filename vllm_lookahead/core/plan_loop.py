@@ -3,10 +3,10 @@
 The rule (the module docstring of :mod:`.draft_rule`) walks every drafting request's lead tokens,
 further candidates and window columns best-first, asking the forward-cost model a few hundred
 times a step at a few dozen drafting requests; in Python that is ~15 us per drafting request.
-Here the batch's options come in as flat arrays (:class:`PlanInput`, filled by
-:func:`~.draft_rule.plan_step`), the cost model as its profile and fitted terms
-(:meth:`~.step_cost.StepCost.terms`), and one call returns every request's plan.  Every sum and
-comparison is made in the same order as the rule's definition, so the plans are the same.
+Here the batch's options come in as flat arrays (laid out by :func:`~.draft_rule.plan_step`), the
+cost model as its profile and fitted terms (:meth:`~.step_cost.StepCost.terms`), and one call
+returns every request's plan.  Every sum and comparison is made in the same order as the rule's
+definition, so the plans are the same.
 
 Per request ``r``, the options are:
 
@@ -28,6 +28,9 @@ import numpy as np
 CAND_GAIN, COL_GAIN, FIXED, PER_TOKEN = 0, 1, 2, 3  # scalars' columns
 # pieces' columns: gain per row, gain, rows, is a chain, is a candidate
 GAIN_PER_ROW, GAIN, ROWS, CHAIN, CANDIDATE = 0, 1, 2, 3, 4
+# the step planned so far, one float64 array the phases share: its tokens, tree rows, expected
+# tokens emitted, seconds (forward plus fixed prices) and the drafting requests' fixed prices
+TOKENS, TREE_ROWS, EXPECTED, TIME, FIXED_TOTAL = 0, 1, 2, 3, 4
 
 
 def _chain(xs, ys, tokens):
@@ -147,11 +150,6 @@ def _pieces(rows, cand_at, col_at, scalars, r, lead, first_column, out) -> int:
             j += 1
         m += 1
     return m
-
-
-# the step planned so far, one float64 array the phases share: its tokens, tree rows, expected
-# tokens emitted, seconds (forward plus fixed prices) and the drafting requests' fixed prices
-TOKENS, TREE_ROWS, EXPECTED, TIME, FIXED_TOTAL = 0, 1, 2, 3, 4
 
 
 def plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, lead, cands, cols):
