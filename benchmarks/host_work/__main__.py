@@ -54,7 +54,14 @@ def _lookahead_cell(
     args: argparse.Namespace, served: list, batch: int, temperature: float, cost: object, max_model_len: int
 ) -> dict:
     replay = LookaheadReplay(
-        served, batch, json.loads(args.config), cost, max_model_len, args.max_num_batched_tokens, temperature
+        served,
+        batch,
+        json.loads(args.config),
+        cost,
+        max_model_len,
+        args.max_num_batched_tokens,
+        temperature,
+        device_time=args.device_time,
     )
     times = StepTimes()
     with engine_heap():
@@ -63,7 +70,8 @@ def _lookahead_cell(
         for _ in range(args.steps):
             replay.step(times)
     total = times.totals()
-    return {
+    stall = {"stall_s": _stats(times.stall)} if times.stall else {}
+    return stall | {
         "step_s": _stats(total),
         "request_s": _stats(total / np.maximum(1, times.decoding)),
         "phases_s": {p: _stats(times.seconds[p]) for p in PHASES},
@@ -73,11 +81,14 @@ def _lookahead_cell(
     }
 
 
-def _anchor_cells(args: argparse.Namespace, served: list, batch: int, max_model_len: int, cell: dict) -> None:
+def _anchor_cells(
+    args: argparse.Namespace, served: list, batch: int, max_model_len: int, cell: dict, cost: object
+) -> None:
     for name in args.anchors:
         if missing(name):
             continue
-        anchor = AnchorReplay(name, served, batch, max_model_len, args.max_num_batched_tokens)
+        forward = cost if args.device_time else None
+        anchor = AnchorReplay(name, served, batch, max_model_len, args.max_num_batched_tokens, forward)
         seconds: list[float] = []
         drafted = emitted = 0
         with engine_heap():
@@ -110,7 +121,7 @@ def run(args: argparse.Namespace) -> dict:
                 cell = {"context": context, "batch": batch, "temperature": temperature}
                 cell["lookahead"] = _lookahead_cell(args, served, batch, temperature, cost, max_model_len)
                 if temperature == 0:  # vLLM's proposers: the same host work whatever the temperature
-                    _anchor_cells(args, served, batch, max_model_len, cell)
+                    _anchor_cells(args, served, batch, max_model_len, cell, cost)
                 print(_line(cell), flush=True)
                 cells.append(cell)
     return {
@@ -122,6 +133,7 @@ def run(args: argparse.Namespace) -> dict:
         "cost": args.cost,
         "config": json.loads(args.config),
         "steps": args.steps,
+        "device_time": args.device_time,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "skipped": {name: missing(name) for name in args.anchors if missing(name)},
         "cells": cells,
@@ -146,6 +158,8 @@ def _line(cell: dict) -> str:
         f"({_ms(la['step_s']['p99'])} p99, GC {_ms(la['collector_s']['mean'])} mean), "
         f"{1e6 * la['request_s']['p50']:.1f} us/request"
     ]
+    if "stall_s" in la:
+        parts.append(f"stall {_ms(la['stall_s']['p50'])} p50 / {_ms(la['stall_s']['p99'])} p99")
     for name in ANCHORS:
         if name in cell:
             parts.append(f"{name} {_ms(cell[name]['step_s']['p50'])} ms/step")
@@ -158,6 +172,7 @@ def _spread(stats: dict[str, float]) -> str:
 
 def markdown(result: dict) -> str:
     anchors = [a for a in ANCHORS if any(a in c for c in result["cells"])]
+    stalls = result.get("device_time", False)
     lines = [
         f"# Host work per decode step ({result['date']})",
         "",
@@ -176,7 +191,13 @@ def markdown(result: dict) -> str:
         )
         + "  The garbage collector runs as in a vLLM engine: the heap before serving frozen; "
         "`of which GC`: its collections within the step's phases, ms per step (mean / p50 / p99).  "
-        "vLLM's proposers are run greedy only: their host work does not depend on the temperature.",
+        "vLLM's proposers are run greedy only: their host work does not depend on the temperature."
+        + (
+            "  `--device-time`: every step sleeps through its forward as the cost model prices it; "
+            "`stall`: how long past it the engine thread resumed, ms (mean / p50 / p99)."
+            if stalls
+            else ""
+        ),
         "",
         "| "
         + " | ".join(
@@ -191,10 +212,11 @@ def markdown(result: dict) -> str:
                 "draft tokens/step",
                 "tokens/request-step",
                 *(f"{a} ms/step" for a in anchors),
+                *(["stall"] if stalls else []),
             ]
         )
         + " |",
-        "|" + "---|" * (8 + len(PHASES) + len(anchors)),
+        "|" + "---|" * (8 + len(PHASES) + len(anchors) + stalls),
     ]
     for c in result["cells"]:
         la = c["lookahead"]
@@ -209,6 +231,7 @@ def markdown(result: dict) -> str:
             f"{la['draft_tokens_per_step']:.1f}",
             f"{la['tokens_per_request_step']:.2f}",
             *(_spread(c[a]["step_s"]) if a in c else "-" for a in anchors),
+            *([_spread(la["stall_s"]) if "stall_s" in la else "-"] if stalls else []),
         ]
         lines.append("| " + " | ".join(row) + " |")
     for name, why in result["skipped"].items():
@@ -240,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=MAX_NUM_BATCHED_TOKENS,
         help="tokens per step: new prompts are computed in chunks within it (vLLM's default on an H100)",
+    )
+    p.add_argument(
+        "--device-time",
+        action="store_true",
+        help="each step sleeps through its forward as --cost prices it (the host cold after it, as on a "
+        "GPU server; new requests' states built meanwhile); reports the engine thread's stall past it",
     )
     p.add_argument("--recording", type=Path, default=RECORDING)
     p.add_argument("--out", type=Path, required=True)

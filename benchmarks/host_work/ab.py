@@ -58,6 +58,7 @@ def _worker(args: argparse.Namespace) -> None:
         max_model_len,
         MAX_NUM_BATCHED_TOKENS,
         args.temperature,
+        device_time=args.device_time,
     )
     fix_prices(replay)
     times = StepTimes()
@@ -72,6 +73,7 @@ def _worker(args: argparse.Namespace) -> None:
                 "seconds": {p: times.seconds[p] for p in PHASES},
                 "draft_tokens": times.draft_tokens,
                 "emitted": times.emitted,
+                "stall": times.stall,
             }
         )
     )
@@ -82,6 +84,7 @@ def _runs(args: argparse.Namespace, trees: dict[str, Path], out: Path) -> dict[s
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     cell = ["--batch", str(args.batch), "--context", str(args.context), "--temperature", str(args.temperature)]
     cell += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--config", args.config, "--cost", args.cost]
+    cell += ["--device-time"] if args.device_time else []
     for r in range(args.rounds):
         for name, tree in trees.items():
             dump = out / f"{name}-{r}.json"
@@ -104,12 +107,19 @@ def compare(runs: dict[str, list[dict]]) -> dict:
     least = {}
     for name, rs in runs.items():
         phases = {p: np.min([r["seconds"][p] for r in rs], axis=0) for p in rs[0]["seconds"]}
+        # the step's least time over the rounds; the stall (--device-time) is kept whole, not least
         total = np.min([np.sum([r["seconds"][p] for p in r["seconds"]], axis=0) for r in rs], axis=0)
         least[name] = total
         out[name] = {
             "step_ms": {k: float(1e3 * f(total)) for k, f in (("mean", np.mean), ("p50", np.median))}
             | {"p99": float(1e3 * np.percentile(total, 99))},
             "phase_p50_ms": {p: float(1e3 * np.median(v)) for p, v in phases.items()},
+            "stall_ms": {
+                k: float(1e3 * f(np.concatenate([r["stall"] for r in rs])))
+                for k, f in (("p50", np.median), ("p99", lambda a: np.percentile(a, 99)), ("max", np.max))
+            }
+            if rs[0].get("stall")
+            else {},
             "run_p50_ms": [
                 round(float(1e3 * np.median(np.sum([r["seconds"][p] for p in r["seconds"]], axis=0))), 3) for r in rs
             ],
@@ -130,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=40)
     p.add_argument("--config", default="{}", help="lookahead's --speculative-config keys (JSON)")
     p.add_argument("--cost", default="h100", help="the draft rule's forward: h100, a100 (rooflines), cpu, or a file")
+    p.add_argument(
+        "--device-time", action="store_true", help="each step sleeps through its forward as --cost prices it"
+    )
     p.add_argument("--tree", help=argparse.SUPPRESS)  # a worker: one run with this tree's vllm_lookahead
     p.add_argument("--dump", help=argparse.SUPPRESS)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -158,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name}: per-step least ms mean {r['step_ms']['mean']:.3f} p50 {r['step_ms']['p50']:.3f} "
             f"p99 {r['step_ms']['p99']:.3f} (phases p50: {phases}); each run's p50 {r['run_p50_ms']}"
+            + (f"; stall ms {r['stall_ms']}" if r["stall_ms"] else "")
         )
     print(f"head / base, median over steps: {result['median_step_ratio']:.3f}")
     print(json.dumps(result))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +41,10 @@ class AnchorReplay:
         batch: int,
         max_model_len: int,
         max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
+        forward: Any = None,
     ) -> None:
         self.name, self.batch = name, batch
+        self.forward = forward  # a cost model: each step sleeps through its forward (``--device-time``)
         self.served = ServedBatch(streams, batch, max_model_len, max_num_batched_tokens=max_num_batched_tokens)
         spec = SimpleNamespace(
             num_speculative_tokens=NGRAM_DEFAULTS["num_speculative_tokens"],
@@ -94,7 +97,9 @@ class AnchorReplay:
         served = self.served
         outputs = []
         drafted = 0
-        served.schedule(self._drafts)
+        scheduled = served.schedule(self._drafts)
+        if self.forward is not None:
+            time.sleep(self.forward.forward(int(scheduled.sum())))
         for slot, draft in zip(served.slots, self._drafts):
             if slot.prefill:
                 outputs.append([slot.stream.output[0]] if slot.emits else [])

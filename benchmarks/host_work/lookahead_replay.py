@@ -5,7 +5,8 @@ step calls, in the engine's order, over ``batch`` requests served continuously (
 ends is replaced by the next stream, whose prompt is computed in chunks within vLLM's token budget,
 :mod:`.served`):
 
-``update``     :meth:`~RunnerLookahead.on_update_states` (finished requests forgotten)
+``update``     :meth:`~RunnerLookahead.on_update_states` (finished requests forgotten, new
+               requests' states started on the worker thread)
 ``tree batch`` :meth:`~RunnerLookahead.on_prepare_inputs`: the step's trees laid out, RoPE
                positions rewritten, logits rows chosen
 ``attention``  the tree-attention metadata the step's first attention layer builds on a GPU
@@ -19,12 +20,14 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
                the step, trees are built
 ``report``     :meth:`~RunnerLookahead.take_report`: the step's report for the scheduler
 
-What the device does is not here: the forward, each tree node's argmax and vLLM's sample at the
-roots (greedy: read off the recording, as greedy output does not depend on the drafts), the KV
-copies themselves.  Greedy, every emitted token is checked against the recording, so a replay that
-ran is an exact one.  Sampled (``temperature`` > 0), the rows come from a model peaked at the
-recording (:mod:`.sampled_model`), vLLM's sample at the roots is drawn from them, and the walks of
-verification run on them with the noise vLLM's GPU sampler draws (``exponential``), on CPU tensors.
+What the device does is not here (``device_time``: the engine thread sleeps through each step's
+forward as the cost model prices it, between the attention and verify phases): the forward, each
+tree node's argmax and vLLM's sample at the roots (greedy: read off the recording, as greedy
+output does not depend on the drafts), the KV copies themselves.  Greedy, every emitted token is
+checked against the recording, so a replay that ran is an exact one.  Sampled (``temperature`` >
+0), the rows come from a model peaked at the recording (:mod:`.sampled_model`), vLLM's sample at
+the roots is drawn from them, and the walks of verification run on them with the noise vLLM's GPU
+sampler draws (``exponential``), on CPU tensors.
 The draft rule prices trees with a GPU's forward-cost model (``cost``), not refined by the replay
 (no forward runs); its verification price and idle rests learn from the replay's own host time, as
 on a server.
@@ -32,6 +35,7 @@ on a server.
 
 from __future__ import annotations
 
+import copy
 import gc
 import time
 from dataclasses import dataclass, field
@@ -84,6 +88,8 @@ class StepTimes:
     decoding: list[int] = field(default_factory=list)  # requests decoding (not prefilling) per step
     draft_tokens: list[int] = field(default_factory=list)  # draft tokens the step ran
     emitted: list[int] = field(default_factory=list)  # tokens the decoding requests emitted
+    # device_time: how long past the modelled forward the engine thread got the interpreter back
+    stall: list[float] = field(default_factory=list)
 
     def totals(self) -> np.ndarray:
         return np.sum([self.seconds[p] for p in PHASES], axis=0)
@@ -138,6 +144,7 @@ class LookaheadReplay:
         max_model_len: int,
         max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS,
         temperature: float = 0.0,
+        device_time: bool = False,
     ):
         from vllm import SamplingParams
 
@@ -177,6 +184,9 @@ class LookaheadReplay:
         self.state = state
         self.kv = state.kv = _KV()
         state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
+        # the engine thread waits through each step's forward as ``cost`` prices it (the interpreter
+        # released, as while a GPU runs), rather than going straight to the next phase
+        self.forward = copy.deepcopy(cost) if device_time else None
         _compile_loops(state.config)
         self._sm = SimpleNamespace(
             all_greedy=not sampled,
@@ -234,6 +244,7 @@ class LookaheadReplay:
             total_num_scheduled_tokens=total,
             num_scheduled_tokens={s.req_id: int(n) for s, n in zip(slots, scheduled)},
             finished_req_ids=served.finished,
+            scheduled_new_reqs=served.scheduled_new,
             preempted_req_ids=set(),
             scheduled_cached_reqs=SimpleNamespace(resumed_req_ids=set()),
         )
@@ -258,6 +269,8 @@ class LookaheadReplay:
         if batch is not None and batch.needs_tree_attention:
             kernel_plan(batch, HEADS, KV_HEADS, HEAD_SIZE, torch.bfloat16)
         lap("attention", t)
+        if self.forward is not None:
+            self._wait_forward(total, batch, times)
 
         roots = self._roots()  # vLLM's sample at every root (the device's)
         outputs: list[list[int]] = [[r] for r in roots]
@@ -297,6 +310,16 @@ class LookaheadReplay:
         for i in served.replace_finished():
             self._drafts[i] = []
         runner.input_batch.req_ids = served.req_ids
+
+    def _wait_forward(self, tokens: int, batch: Any, times: StepTimes | None) -> None:
+        """Sleep through the step's modelled forward; the time past it is the engine thread's stall
+        (the scheduler's wake-up and any wait for the interpreter, which another thread held)."""
+        rows = sum(tr.num_nodes - tr.first_branch_node for tr in batch.requests) if batch is not None else 0
+        seconds = self.forward.forward(tokens, rows)
+        t = time.perf_counter()
+        time.sleep(seconds)
+        if times is not None:
+            times.stall.append(time.perf_counter() - t - seconds)
 
     def _now(self) -> tuple[float, float]:
         """The time, and the garbage collector's seconds so far."""

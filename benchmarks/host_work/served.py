@@ -57,6 +57,8 @@ class ServedBatch:
         self.num_tokens = np.zeros(batch, dtype=np.int32)
         self._next_stream = self._next_id = 0
         self.finished: set[str] = set()  # request ids that ended at the last step
+        self.admitted: list[SimpleNamespace] = []  # requests admitted since the last schedule (vLLM's NewRequestData)
+        self.scheduled_new: list[SimpleNamespace] = []  # those the last schedule ran first (scheduled_new_reqs)
         self.slots = [self._admit(i) for i in range(batch)]
 
     @property
@@ -72,6 +74,7 @@ class ServedBatch:
         self.requests[slot.req_id] = SimpleNamespace(
             prompt_token_ids=prompt, sampling_params=self._params, output_token_ids=[]
         )
+        self.admitted.append(SimpleNamespace(req_id=slot.req_id, prompt_token_ids=prompt, sampling_params=self._params))
         self.token_ids[i, : len(prompt)] = prompt
         self.num_tokens[i] = len(prompt)
         return slot
@@ -79,6 +82,7 @@ class ServedBatch:
     def schedule(self, drafts: list[list[int]]) -> np.ndarray:
         """This step's tokens per slot: each decoding request's token and draft, then prompt chunks
         in slot order within the token budget (see the module docstring)."""
+        self.scheduled_new, self.admitted = self.admitted, []
         scheduled = np.array([0 if s.prefill else 1 + len(d) for s, d in zip(self.slots, drafts)], dtype=np.int32)
         left = self.budget - int(scheduled.sum()) if self._scheduled else 1 << 62
         self._scheduled = True

@@ -94,7 +94,9 @@ from benchmarks.projection import H100, step_cost
 
 loop = [11, 12, 13, 14, 15, 16, 17, 18]
 streams = [Stream(tuple(loop * 3 + [k]), tuple((loop * 8)[k : k + 40])) for k in range(6)]
-replay = LookaheadReplay(streams, 4, {}, step_cost(H100), 256)
+replay = LookaheadReplay(streams, 4, {}, step_cost(H100), 256, device_time=True)
+built_ahead, start = [], replay.state.builds.start
+replay.state.builds.start = lambda req_id, build: (built_ahead.append(req_id), start(req_id, build))
 times = StepTimes()
 for _ in range(60):  # every emitted token is checked against the recording (AssertionError otherwise)
     replay.step(times)
@@ -111,6 +113,7 @@ json.dump({
     "drafted": sum(times.draft_tokens), "emitted": sum(times.emitted), "decoding": sum(times.decoding),
     "phases": {p: len(times.seconds[p]) for p in PHASES}, "positive": bool((times.totals() > 0).all()),
     "collector": [len(times.collector), min(times.collector), bool((times.totals() >= times.collector).all())],
+    "built_ahead": len(built_ahead), "stalls": [len(times.stall), min(times.stall)],
     "ngram_steps": len(seconds), "ngram_drafted": ngram[0], "ngram_emitted": ngram[1],
     "sampled_drafted": sum(drawn.draft_tokens), "sampled_emitted": sum(drawn.emitted),
     "sampled_decoding": sum(drawn.decoding), "sampled_verify_s": sum(drawn.seconds["verify"]),
@@ -119,17 +122,19 @@ json.dump({
 
 
 def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
-    """Lookahead's worker path (greedy, exact against the recording; sampled, full trees walked
-    with the sampler's noise) and vLLM's ngram proposer on synthetic looping streams (4 in flight,
-    requests replaced as they end); then the command's short run over the recording (the bundled
-    tokenizer rebuilds its prompts): two batch sizes, both context lengths, greedy and T=0.7,
-    lookahead beside ngram."""
+    """Lookahead's worker path (greedy, exact against the recording, sleeping through each modelled
+    forward; sampled, full trees walked with the sampler's noise) and vLLM's ngram proposer on
+    synthetic looping streams (4 in flight, requests replaced as they end); then the command's short
+    run over the recording (the bundled tokenizer rebuilds its prompts): two batch sizes, both
+    context lengths, greedy and T=0.7, lookahead beside ngram."""
     done = subprocess.run([sys.executable, "-c", REPLAYS], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["drafted"] > 0 and got["emitted"] > got["decoding"]  # drafts accepted: > 1 token per request-step
     assert got["phases"] == {p: 60 for p in PHASES} and got["positive"]
     assert got["collector"][0] == 60 and got["collector"][1] >= 0 and got["collector"][2]  # GC: within the phases
+    # requests admitted while the engine drafts: their states were built while their prompts ran
+    assert got["built_ahead"] > 0 and got["stalls"][0] == 60 and got["stalls"][1] >= 0
     assert got["ngram_steps"] == 30 and got["ngram_drafted"] > 0 and got["ngram_emitted"] > 30 * 4 * 0.5
     # sampled: trees walked with the sampler's noise, some of their tokens accepted
     assert got["sampled_drafted"] > 0 and got["sampled_emitted"] > got["sampled_decoding"] > 0

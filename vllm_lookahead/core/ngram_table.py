@@ -24,11 +24,14 @@ The layout, for a pool of key length ``ctx``, continuations of ``L`` tokens, ``G
 A call that meets a new key with the arrays full stops there and says so; the Python side
 (:class:`~.pool.NgramPool`) grows them (:func:`rehash`) and calls again from that n-gram, so the
 arrays follow the keys a pool holds, not the n-grams it was given; nothing here allocates.  The
-functions are compiled by :func:`load`, on first use (numba is not imported before).
+long loops -- a prompt's learning (:func:`add_to_pools_unlocked`) and :func:`rehash` -- run without
+the GIL: a new request's state is built on a worker thread beside the engine's.  The functions are
+compiled by :func:`load`, on first use (numba is not imported before), once whichever thread asks.
 """
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -233,6 +236,12 @@ def add_to_pools(tables, seq, start, max_keys, source, from_pool, from_ngram) ->
     return -1, 0
 
 
+def add_to_pools_unlocked(tables, seq, start, max_keys, source, from_pool, from_ngram) -> tuple[int, int]:
+    """:func:`add_to_pools`, compiled to run without the GIL: a long text (a prompt) learnt on one
+    thread leaves the interpreter to the others meanwhile."""
+    return add_to_pools(tables, seq, start, max_keys, source, from_pool, from_ngram)
+
+
 def get_into(slots, keys, links, conts, entries, meta, key, limit, out, out_sources) -> int:
     """Up to ``limit`` continuations of ``key`` into ``out`` / ``out_sources``, most recent
     first (the key becomes the most recent; nothing is stored for a key not held); returns
@@ -375,9 +384,11 @@ _HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index")
 # what the pools and a request's lookups call
 LOOPS = (
     *("add_ngrams", "get_into", "support_of", "rehash", "lru_keys"),
-    *("add_to_pools", "lookup_pools", "grow_lead"),
+    *("add_to_pools", "add_to_pools_unlocked", "lookup_pools", "grow_lead"),
 )
+_UNLOCKED = ("add_to_pools_unlocked", "rehash")  # compiled to release the GIL: the long loops
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
+_loading = threading.Lock()  # a request's state may be built on another thread (its first load() too)
 
 
 def load() -> SimpleNamespace:
@@ -386,14 +397,20 @@ def load() -> SimpleNamespace:
     loaded module when it starts (``vllm.triton_utils.dispatcher._rebind_kernels``) and fails on
     llvmlite's ``ffi.lib``, which importing numba loads -- a serving process makes its first pool
     after its worker started."""
-    if not vars(loops):
-        from numba import njit
-
-        module = globals()
-        for name in _INLINED:
-            module[name] = njit(cache=True, inline="always")(module[name])
-        for name in (*_HELPERS, *LOOPS):
-            module[name] = njit(cache=True)(module[name])
-        for name in LOOPS:
-            setattr(loops, name, module[name])
+    if vars(loops):
+        return loops
+    with _loading:
+        if not vars(loops):
+            _compile()
     return loops
+
+
+def _compile() -> None:
+    from numba import njit
+
+    module = globals()
+    for name in _INLINED:
+        module[name] = njit(cache=True, inline="always")(module[name])
+    for name in (*_HELPERS, *LOOPS):
+        module[name] = njit(cache=True, nogil=name in _UNLOCKED)(module[name])
+    vars(loops).update({name: module[name] for name in LOOPS})  # at once: seen only when all are made

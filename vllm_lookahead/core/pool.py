@@ -51,6 +51,7 @@ def int_array(tokens: Sequence[int]) -> np.ndarray:
     return tokens if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64 else np.asarray(tokens, np.int64)
 
 
+LONG_TEXT = 512  # new tokens from which a learning call releases the GIL (a prompt's; not a step's)
 _FIRST_KEYS = 256  # least key capacity of a new pool's arrays
 _FIRST_KEYS_MOST = 4096  # most key capacity a pool's first arrays are sized to (the first text it learns)
 
@@ -258,18 +259,25 @@ class NgramPool:
 
 
 def add_to_each(
-    pools: Sequence[NgramPool], tokens: Sequence[int], start: int = 0, source: Source = Source.OUTPUT
+    pools: Sequence[NgramPool],
+    tokens: Sequence[int],
+    start: int = 0,
+    source: Source = Source.OUTPUT,
+    unlocked: bool = False,
 ) -> None:
     """Each pool's :meth:`NgramPool.add_sequence` of ``tokens``, in one compiled call (the pools of
-    one request, or the shared ones: the same ``N``, ``G`` and ``max_pool_keys``, any context)."""
+    one request, or the shared ones: the same ``N``, ``G`` and ``max_pool_keys``, any context);
+    ``unlocked`` (a prompt: a new request's state may be built on another thread) or a text of
+    more than :data:`LONG_TEXT` new tokens is learnt without holding the GIL."""
     if not pools or pools[0].guess_set_size == 0:
         return
     seq, loops, max_keys, source = int_array(tokens), pools[0]._loops, pools[0].max_keys, int(source)
     for pool in pools:
         pool._first_room(len(seq) - start)
+    add = loops.add_to_pools_unlocked if unlocked or len(seq) - start > LONG_TEXT else loops.add_to_pools
     full, done = 0, 0
     while True:
-        full, done = loops.add_to_pools(tuple(pool.table for pool in pools), seq, start, max_keys, source, full, done)
+        full, done = add(tuple(pool.table for pool in pools), seq, start, max_keys, source, full, done)
         if full < 0:
             return
         pools[full]._more_room()

@@ -50,7 +50,7 @@ class RequestText:
             for k in range(config.lookup_context, 1, -1)
         ]
         if config.ablation.pool_from_prompt:
-            add_to_each(self.pools(), prompt_token_ids, 0, Source.PROMPT)
+            add_to_each(self.pools(), prompt_token_ids, 0, Source.PROMPT, unlocked=True)
         self._own = self.pools()
         self._asked = self._lookup_pools()  # the pools a lookup asks, in order
         self._loops = load()

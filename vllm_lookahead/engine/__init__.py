@@ -20,7 +20,8 @@ One hub and four rooms:
                 the accepted path's KV compaction (``kv.py``)
 ``propose/``    what the next step drafts: who may (``eligibility.py``, a request's own settings
                 ``request_overrides.py``, ``thinking_budget.py``), how much room (``room.py``), the
-                record kept per live request (``live_requests.py``), the measured forward cost the
+                record kept per live request (``live_requests.py``), a new request's state built on a
+                worker thread while its prompt runs (``state_builds.py``), the measured forward cost the
                 draft rule prices with (``step_timing.py``, profiled at start-up by ``cost_profile.py``);
                 in the scheduler, no drafts on a step that admits the waiting requests (``admission.py``)
 ``metrics/``    the worker's counters (``stats.py``) -> the scheduler's spec-decode stats

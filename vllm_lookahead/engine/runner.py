@@ -34,6 +34,7 @@ per-step state.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import time
 from typing import Any
@@ -55,6 +56,7 @@ from vllm_lookahead.engine.propose.cost_profile import agree_across_ranks, profi
 from vllm_lookahead.engine.propose.eligibility import Undrafted
 from vllm_lookahead.engine.propose.live_requests import LiveRequests
 from vllm_lookahead.engine.propose.room import draft_room, window_seed
+from vllm_lookahead.engine.propose.state_builds import StateBuilds
 from vllm_lookahead.engine.propose.step_timing import StepTiming
 from vllm_lookahead.engine.propose.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.step.kv import PagedKV
@@ -63,6 +65,17 @@ from vllm_lookahead.engine.step.tree_batch import TreeBatch, build_tree_batch
 from vllm_lookahead.engine.step.verification import StepOutcome, sample_one_row_per_request, verify_step
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
+
+
+def _new_state(
+    config: LookaheadConfig, prompt: list[int], shared: SharedPools | None, pooled: PooledConfidence
+) -> RequestLookahead:
+    """A new request's window and pools (the prompt read once into an array: the pools learn it,
+    the window's seed and first guesses come from it)."""
+    tokens = np.asarray(prompt, dtype=np.int64)
+    return RequestLookahead(
+        config, tokens, seed=window_seed(config.ablation.seed, tokens), shared=shared, pooled=pooled
+    )
 
 
 class RunnerLookahead:
@@ -78,6 +91,8 @@ class RunnerLookahead:
         # refined by every decode step), the verification price and the idle requests' rests
         self.timing = StepTiming(self.config)
         self.live = LiveRequests()  # per request: window + pools, its pending tree, that tree's outcome
+        self.builds = StateBuilds()  # new requests' states, built while their prompts' forward runs
+        self._drafting = False  # whether the last proposal could draft (new requests' states start early)
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_config(cfg) if cfg.shared_pool else None
@@ -127,6 +142,10 @@ class RunnerLookahead:
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
         resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
         self.on_preempted(set(preempted) | set(resumed))
+        if self._drafting:  # while the engine drafts, a new request's state is built beside its prefill
+            for new in scheduler_output.scheduled_new_reqs:
+                if new.sampling_params is not None:
+                    self.builds.start(new.req_id, self._state_build(new.prompt_token_ids, new.sampling_params))
 
     def on_prepare_inputs(self, scheduler_output: Any, result: tuple) -> tuple:
         """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
@@ -225,7 +244,7 @@ class RunnerLookahead:
         decoding = sum(1 for s in sampled_token_ids if s)
         rule = self.config.mode is DraftMode.AUTO  # the draft rule sizes this step
         budget = self.config.draft_budget(decoding)
-        can_draft = self._can_draft(decoding, budget)
+        can_draft = self._drafting = self._can_draft(decoding, budget)
         floor = lead_floor(self.timing.model(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
         for pooled in self.pooled.values():
             pooled.age()
@@ -288,20 +307,11 @@ class RunnerLookahead:
             return None
         state = self.live.state(req_id)
         if state is None:
-            req_state = self.runner.requests[req_id]
-            prompt, sp = req_state.prompt_token_ids or [], req_state.sampling_params
-            # the request's own settings (extra_args), validated where vLLM accepted it
-            cfg, shared = request_overrides.for_request(self.config, sp, self.shared)
-            state = self.live.add_state(
-                req_id,
-                RequestLookahead(
-                    cfg,
-                    prompt,
-                    seed=window_seed(cfg.ablation.seed, prompt),
-                    shared=shared,
-                    pooled=self.pooled[sp is None or eligibility.is_greedy(sp)],
-                ),
-            )
+            state = self.builds.take(req_id)
+            if state is None:
+                req_state = self.runner.requests[req_id]
+                state = self._state_build(req_state.prompt_token_ids, req_state.sampling_params)()
+            self.live.add_state(req_id, state)
         if outcome is not None:
             assert outcome.draft is not None
             state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
@@ -309,6 +319,14 @@ class RunnerLookahead:
             state.catch_up(history)
         self.live.count_pools(req_id)
         return state
+
+    def _state_build(self, prompt: list[int] | None, sp: Any) -> functools.partial[RequestLookahead]:
+        """What builds a new request's state: its own settings (extra_args, validated where vLLM
+        accepted it) and the pooled lead record of its kind are read here, the build itself reads
+        nothing that changes (it may run on :attr:`builds`' thread)."""
+        cfg, shared = request_overrides.for_request(self.config, sp, self.shared)
+        pooled = self.pooled[sp is None or eligibility.is_greedy(sp)]
+        return functools.partial(_new_state, cfg, prompt or [], shared, pooled)
 
     def _draft_request(
         self,
@@ -404,9 +422,10 @@ class RunnerLookahead:
 
     @property
     def num_request_states(self) -> int:
-        """Requests this worker keeps anything for (a pool and window, a pending draft or an
-        outcome): the live ones only, once :meth:`forget` has run for finished and aborted ones."""
-        return len(self.live)
+        """Requests this worker keeps anything for (a pool and window, built or being built, a
+        pending draft or an outcome): the live ones only, once :meth:`forget` has run for finished
+        and aborted ones."""
+        return len(self.live) + len(self.builds)
 
     def thinking_limit(self) -> ThinkingLimit | None:
         """How deep thinking-budget requests may be drafted (None: vLLM has no reasoning config,
@@ -420,6 +439,7 @@ class RunnerLookahead:
     def forget(self, req_ids: Any) -> None:
         """Finished or aborted requests: drop everything kept for them."""
         self.live.forget(req_ids)
+        self.builds.forget(req_ids)
 
     def on_preempted(self, req_ids: Any) -> None:
         """A preempted request recomputes its KV; its draft is void, its pool stays useful."""

@@ -1,0 +1,79 @@
+"""New requests' states built on the worker thread (:mod:`vllm_lookahead.engine.propose.state_builds`)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from vllm_lookahead.config import LookaheadConfig
+from vllm_lookahead.core import RequestLookahead
+from vllm_lookahead.core.pool import LONG_TEXT
+from vllm_lookahead.engine.propose.state_builds import StateBuilds
+
+
+def _state(prompt: np.ndarray) -> RequestLookahead:
+    return RequestLookahead(LookaheadConfig(), prompt, seed=7)
+
+
+def _contents(state: RequestLookahead) -> tuple:
+    return [pool.items() for pool in state.text.pools()], [level.tolist() for level in state.window.levels]
+
+
+def test_a_state_built_on_the_worker_equals_one_built_on_the_spot():
+    """Long prompts (learnt without the GIL) built on the worker while this thread keeps looking
+    up and learning in another request's pools: each taken state holds what one built here holds."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 50, size=n).astype(np.int64) for n in (LONG_TEXT * 4, 40, LONG_TEXT * 9)]
+    builds = StateBuilds()
+    for i, prompt in enumerate(prompts):
+        builds.start(f"r{i}", lambda p=prompt: _state(p))
+    busy, history = _state(prompts[1]), prompts[1]
+    for _ in range(200):  # the engine thread's own work meanwhile
+        history = np.concatenate([history, rng.integers(0, 50, size=3)])
+        busy.text.catch_up(history)
+        busy.text.lookup(history[-3:])
+    done = threading.Event()
+    builds.start("last", done.set)  # one worker, in order: the builds before it are done when it runs
+    assert done.wait(30)
+    for i, prompt in enumerate(prompts):
+        taken = builds.take(f"r{i}")
+        assert taken is not None and _contents(taken) == _contents(_state(prompt))
+        assert builds.take(f"r{i}") is None  # taken once
+    assert builds.take("never-started") is None and len(builds) == 1  # "last"
+
+
+def test_a_build_that_failed_raises_where_its_state_is_taken():
+    builds = StateBuilds()
+
+    def broken() -> RequestLookahead:
+        raise ValueError("no state")
+
+    builds.start("r", broken)
+    with pytest.raises(ValueError, match="no state"):
+        builds.take("r")
+
+
+def test_a_request_gone_before_its_first_proposal_drops_its_build():
+    """Forgotten builds are dropped: one waiting behind a running build is cancelled, none is kept."""
+    release = threading.Event()
+    builds = StateBuilds()
+    builds.start("running", lambda: release.wait(5) and None)
+    builds.start("waiting", lambda: pytest.fail("a forgotten build ran"))
+    builds.start("waiting", lambda: pytest.fail("started twice"))  # a request starts one build
+    builds.forget(["waiting", "running", "unknown"])
+    release.set()
+    assert len(builds) == 0 and builds.take("waiting") is None and builds.take("running") is None
+
+
+def test_a_build_still_queued_is_left_to_the_caller_and_a_running_one_waited_for():
+    """A first proposal does not wait behind other requests' builds: a build still queued is
+    cancelled (None: the caller builds the state itself); one the worker is at is waited for."""
+    started, release = threading.Event(), threading.Event()
+    builds = StateBuilds()
+    builds.start("running", lambda: started.set() or (release.wait(5) and "built"))
+    builds.start("queued", lambda: pytest.fail("a cancelled build ran"))
+    assert started.wait(5) and builds.take("queued") is None
+    threading.Timer(0.05, release.set).start()
+    assert builds.take("running") == "built" and len(builds) == 0
