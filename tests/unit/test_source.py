@@ -93,11 +93,11 @@ def test_stats_count_window_steps_and_accepted_tokens_by_source():
     stats = LookaheadStats()
     candidate_nodes = np.arange(1, draft.window_start)
     path = candidate_nodes[:2]  # the first candidate (a prompt n-gram) accepted
-    stats.on_verified(draft.tree.size - 1, len(path), draft, path)
+    stats.on_verified(draft.tree.size - 1, len(path), draft, draft.sources[path].tolist())
     assert stats.accepted_by_source == {"prompt": 2, "output": 0, "shared": 0, "window": 0}
     assert stats.window_steps == 1 and stats.window_tokens == draft.tree.size - draft.window_start
     # the scheduler ran only the candidates: the window did not run this step
-    stats.on_verified(draft.window_start - 1, 0, draft, path[:0])
+    stats.on_verified(draft.window_start - 1, 0, draft, [])
     assert stats.window_steps == 1 and stats.steps == 2
     snap = stats.snapshot()
     assert snap["lookahead_accepted_prompt"] == 2 and snap["lookahead_window_steps"] == 1

@@ -224,18 +224,21 @@ class LeadConfidence:
 
     def first(self, e: LeadEvidence) -> float:
         """Probability that the lead's first token is accepted."""
-        pooled = self.pooled.first.shift if self.pooled is not None else 0.0
-        return _sigmoid(self._first_logit(e) + self.first_record.shift + pooled)
+        return self.odds(e)[0]
 
     def next(self, e: LeadEvidence) -> float:
         """Probability that a next lead token is accepted once the tokens before it were."""
-        pooled = self.pooled.next.shift if self.pooled is not None else 0.0
-        return _sigmoid(self._next_logit(e) + self.next_record.shift + pooled)
+        return self.odds(e)[1]
 
     def odds(self, e: LeadEvidence) -> tuple[float, float]:
         """``(first(e), next(e))``: what :meth:`gains` and :meth:`tokens_above` are made of, worked
-        out once where a step asks both (the records do not change between the two)."""
-        return self.first(e), self.next(e)
+        out once where a step asks both (the records do not change between the two); asked for
+        every lead a step offers, so the two are worked out side by side."""
+        first, next_shift = self.first_record.shift, self.next_record.shift
+        if self.pooled is not None:
+            first += self.pooled.first.shift
+            next_shift += self.pooled.next.shift
+        return _sigmoid(self._first_logit(e) + first), _sigmoid(self._next_logit(e) + next_shift)
 
     def gains(self, e: LeadEvidence, length: int, odds: tuple[float, float] | None = None) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead

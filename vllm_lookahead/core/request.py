@@ -56,6 +56,7 @@ _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 _ROOT_SOURCES = np.zeros(1, dtype=np.int8)  # the root's Source (0)
 _ROOT_SOURCES.setflags(write=False)
+_NO_EVIDENCE = LeadEvidence()  # a step whose pools found no lead
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,6 +69,7 @@ class StepDraft:
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
     shadow_token: int = -1  # the first lead token the draft rule left out (-1: none)
     lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (for the acceptance record)
+    window_sourced: bool = False  # some node's Source is the window (its branch, or a pool n-gram it made)
 
     @property
     def window_columns(self) -> int:
@@ -157,7 +159,7 @@ class RequestLookahead:
             found = found[:max_candidates]
         lead: tuple[int, ...] = ()
         lead_sources: list[int] = []
-        evidence = LeadEvidence()
+        evidence = _NO_EVIDENCE
         odds = None
         if found and room > 0:
             # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
@@ -257,6 +259,7 @@ class RequestLookahead:
             window_start=window_start,
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
             lead_evidence=cands.lead_evidence,
+            window_sourced=builder.has_source(Source.WINDOW),
         )
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
@@ -346,7 +349,7 @@ class RequestLookahead:
         window_nodes = draft.window_nodes
         columns = int(((window_nodes >= 0) & (window_nodes < num_nodes_run)).sum()) if window_nodes.size else 0
         window_accepted = 0
-        if path is not None and draft.sources is not None and len(path):
+        if path is not None and draft.window_sourced and len(path):
             window_accepted = int(np.count_nonzero(np.asarray(draft.sources)[path] == Source.WINDOW))
         further = max(0, draft.num_candidates - 1) if num_nodes_run - 1 > lead else 0
         if draft.shadow_token >= 0 and lead == draft.lead_tokens and lead_accepted == lead == accepted:

@@ -68,7 +68,7 @@ class RequestText:
     @property
     def pool_ngrams(self) -> int:
         """N-grams this request's pools hold (O(pools), not O(pool size))."""
-        return sum(len(pool) for pool in self.pools())
+        return sum([len(pool) for pool in self._own])
 
     def _lookup_pools(self) -> list[NgramPool]:
         """The pools candidates are looked up in: longest context first; at each context length

@@ -61,7 +61,7 @@ class DraftTree:
     @property
     def draft_tokens(self) -> list[int]:
         """The draft tokens (every node but the root) as Python ints."""
-        return [int(t) for t in self.tokens[1:]]
+        return self.tokens[1:].tolist()
 
     def prefix(self, n: int) -> DraftTree:
         """The tree made of the first ``n`` nodes (1 <= n <= size)."""
@@ -81,8 +81,10 @@ class DraftTree:
         """The first node whose parent is not the node before it (``size`` for a chain below the
         root): the nodes before it see exactly the causal prefix.  Worked out once per tree (the
         step's layout and its verification both ask)."""
-        off_chain = np.flatnonzero(self.parents[1:] != np.arange(len(self.parents) - 1))
-        return int(off_chain[0]) + 1 if off_chain.size else self.size
+        for node, parent in enumerate(self.parents.tolist()):  # a few dozen nodes: no numpy pass
+            if parent != node - 1:
+                return node
+        return self.size
 
     def ancestor_mask(self) -> np.ndarray:
         """bool (n, n): ``m[i, j]`` iff ``j == i`` or ``j`` is an ancestor of ``i``.  Each row is
@@ -98,7 +100,7 @@ class DraftTree:
 
     def logit_rows(self) -> np.ndarray:
         """int64 indices of the nodes whose logits are computed, ascending."""
-        return np.flatnonzero(self.logits).astype(np.int64)
+        return np.flatnonzero(self.logits)
 
     @staticmethod
     def chain(tokens: Sequence[int]) -> DraftTree:
@@ -237,6 +239,10 @@ class TreeBuilder:
             self._child_by_token.update(zip(zip(nodes[:-1], rest[1:]), nodes[1:]))  # new nodes: no children yet
             node_ids.extend(nodes)
         return node_ids
+
+    def has_source(self, source: int) -> bool:
+        """Whether any node so far came from ``source`` (a :class:`~.source.Source`)."""
+        return int(source) in self._sources
 
     @property
     def sources(self) -> np.ndarray:

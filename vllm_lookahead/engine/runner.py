@@ -226,7 +226,7 @@ class RunnerLookahead:
         in the stats and the step's report, its host time priced."""
         self.timing.verified(outcomes.values())
         for req_id, outcome in outcomes.items():
-            self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path)
+            self.stats.on_verified(outcome.num_nodes - 1, outcome.num_accepted, outcome.draft, outcome.path_sources)
             self.report.on_verified(req_id, outcome)
             if outcome.draft is not None:
                 self.live.set_outcome(req_id, outcome)

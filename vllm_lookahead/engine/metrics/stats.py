@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
+from vllm_lookahead.core.source import SOURCE_NAMES, Source
 
-from vllm_lookahead.core.source import SOURCE_NAMES, count_by_source
+_SOURCE_NAME = {int(Source[name.upper()]): name for name in SOURCE_NAMES}  # a node's Source -> its counter
 
 logger = logging.getLogger("vllm.lookahead")  # under vLLM's logger: same handlers and format
 
@@ -65,10 +66,11 @@ class LookaheadStats:
         self.propose_seconds += propose_seconds
         self.verify_seconds += verify_seconds
 
-    def on_verified(self, num_drafts: int, num_accepted: int, draft=None, path: np.ndarray | None = None) -> None:
+    def on_verified(self, num_drafts: int, num_accepted: int, draft=None, path_sources: Sequence[int] = ()) -> None:
         """One tree verified: ``num_drafts`` nodes run (root excluded), ``num_accepted`` accepted.
-        ``draft`` (a :class:`~vllm_lookahead.core.StepDraft`) and ``path`` (accepted node ids)
-        attribute the accepted tokens to their sources."""
+        ``draft`` (a :class:`~vllm_lookahead.core.StepDraft`; None: a chain the plugin did not
+        draft) and ``path_sources`` (the :class:`~vllm_lookahead.core.Source` of each accepted
+        node) attribute the accepted tokens to their sources."""
         self.steps += 1
         self.draft_tokens += num_drafts
         self.accepted_tokens += num_accepted
@@ -78,9 +80,10 @@ class LookaheadStats:
         if start is not None and start <= num_drafts:  # nodes 0..num_drafts ran
             self.window_steps += 1
             self.window_tokens += num_drafts + 1 - start
-        if path is not None and draft.sources is not None and len(path):
-            for name, n in count_by_source(draft.sources, path).items():
-                self.accepted_by_source[name] += n
+        for source in path_sources:
+            name = _SOURCE_NAME.get(source)
+            if name is not None:
+                self.accepted_by_source[name] += 1
 
     @property
     def mean_accepted_per_step(self) -> float:
@@ -148,10 +151,7 @@ class StepReport:
         depth = int(draft.tree.depths[:n].max()) if n > 1 else 0
         start = draft.window_start
         window = int(start is not None and start < n)
-        sources = (
-            [int(s) for s in draft.sources[outcome.path]] if draft.sources is not None else [0] * len(outcome.path)
-        )
-        self.trees[req_id] = (depth, n - 1, int(draft.num_candidates), window, sources)
+        self.trees[req_id] = (depth, n - 1, int(draft.num_candidates), window, list(outcome.path_sources))
 
     def payload(self) -> dict:
         """Plain Python containers (pickled to the scheduler's process with vLLM's output)."""

@@ -112,15 +112,13 @@ class TreeBatch:
 
     def positions_update(self) -> tuple[np.ndarray, np.ndarray]:
         """(token rows, RoPE positions) of every draft row."""
-        drafts = np.array([tr.num_nodes - 1 for tr in self.requests], dtype=np.int64)
-        if not drafts.sum():
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        firsts = np.cumsum(drafts) - drafts
-        within = np.arange(int(drafts.sum()), dtype=np.int64) - np.repeat(firsts, drafts) + 1  # node ids 1..n-1
-        starts = np.array([tr.token_start for tr in self.requests], dtype=np.int64)
-        contexts = np.array([tr.context_len for tr in self.requests], dtype=np.int64)
-        depths = np.concatenate([tr.tree.depths[1:] for tr in self.requests]).astype(np.int64)
-        return np.repeat(starts, drafts) + within, np.repeat(contexts, drafts) + depths
+        rows: list[int] = []
+        positions: list[int] = []
+        for tr in self.requests:  # a few trees of a few dozen nodes: lists, then one array each
+            if tr.num_nodes > 1:
+                rows.extend(range(tr.token_start + 1, tr.token_start + tr.num_nodes))
+                positions.extend((tr.tree.depths[1:] + tr.context_len).tolist())
+        return np.array(rows, dtype=np.int64), np.array(positions, dtype=np.int64)
 
 
 def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[DraftTree, StepDraft | None]:
@@ -132,10 +130,8 @@ def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[D
     which is always a correct, if unhelpful, tree.
     """
     n = len(scheduled)
-    if draft is not None and n + 1 <= draft.tree.size:
-        tokens = draft.tree.tokens
-        if np.array_equal(tokens[1 : n + 1], np.asarray(scheduled, dtype=tokens.dtype)):
-            return draft.tree.prefix(n + 1), draft
+    if draft is not None and n + 1 <= draft.tree.size and draft.tree.tokens[1 : n + 1].tolist() == list(scheduled):
+        return draft.tree.prefix(n + 1), draft
     root = int(draft.tree.tokens[0]) if draft is not None else -1
     return DraftTree.chain([root, *scheduled]), None
 
@@ -217,7 +213,7 @@ def _tree_request(
         draft=draft,
         token_start=start,
         context_len=int(num_computed[i]),
-        logit_nodes=tree.logit_rows().astype(np.int64),  # node 0 (root) always has logits and comes first
+        logit_nodes=tree.logit_rows(),  # node 0 (root) always has logits and comes first
     )
 
 

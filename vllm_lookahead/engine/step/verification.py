@@ -43,6 +43,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,13 @@ class StepOutcome:
     def num_accepted(self) -> int:
         """Accepted draft tokens (the bonus token not counted)."""
         return len(self.path)
+
+    @cached_property
+    def path_sources(self) -> list[int]:
+        """Each accepted node's :class:`~vllm_lookahead.core.Source`, in path order (0 in a chain
+        the plugin did not draft): worked out once, the stats and the step's report both read it."""
+        sources = self.draft.sources if self.draft is not None else None
+        return sources[self.path].tolist() if sources is not None else [0] * len(self.path)
 
 
 def _compact(batch: TreeBatch, src_rows: list[int], dst_rows: list[int]) -> None:
