@@ -181,3 +181,30 @@ def test_ab_compares_two_versions_step_for_step_and_refuses_runs_that_decided_di
     assert compare({"base": [run], "head": [dict(run, seconds={"propose": [5e-4, 2e-3]})]})["median_step_ratio"] == 0.75
     with pytest.raises(SystemExit, match="decisions differ"):
         compare({"base": [run], "head": [dict(run, draft_tokens=[2, 0])]})
+
+
+def test_engine_check_compares_full_batch_steps_and_can_disagree():
+    from benchmarks.host_work.engine_check import compare
+
+    def steps(propose_ms: list[float], decoding: int = 10) -> list[dict[str, float]]:
+        return [
+            {"decoding": decoding, "trees": 1.0, "propose": ms / 1e3, "tree batch": ms / 1e4, "verify": 0.0}
+            for ms in propose_ms
+        ]
+
+    replay = [steps([1.0, 1.1, 1.2, 1.3, 1.4] * 4), steps([1.0, 1.2, 1.4] * 4)]
+    # the engine's filling and draining steps (fewer than 90 % of 10 decoding) are left out
+    engine = steps([1.2, 1.25, 1.15]) + steps([9.0, 9.0, 9.0, 9.0], decoding=5)
+    result = compare(engine, replay, in_flight=10)
+    assert result["engine_steps"] == 3 and result["replay_steps"] == [20, 12]
+    propose = result["phases"]["propose"]
+    assert propose["agrees"] and propose["engine_ms"]["p50"] == pytest.approx(1.2)
+    assert propose["replay_round_p50_ms"] == [pytest.approx(1.2), pytest.approx(1.2)]
+    assert "agrees" not in result["phases"]["verify"]  # not the same work in the two
+    # the tree batch is read over the steps that carried trees only
+    treeless = [{**s, "trees": 0.0, "tree batch": 0.0} for s in steps([5.0] * 20)]
+    mixed = compare(engine + treeless, replay, in_flight=10)
+    assert mixed["engine_steps"] == 23 and mixed["engine_steps_with_trees"] == 3
+    assert mixed["phases"]["tree batch"]["agrees"] and mixed["phases"]["propose"]["agrees"] is False
+    slow = compare(steps([2.0, 2.1, 2.2]), replay, in_flight=10)
+    assert slow["phases"]["propose"]["agrees"] is False
