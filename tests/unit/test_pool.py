@@ -356,6 +356,8 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "compiled = {name: len(getattr(t, name).signatures) for name in t.LOOPS}\n"
         "from vllm_lookahead.core.request_text import RequestText\n"
         "RequestText(LookaheadConfig(), list(range(3000))).catch_up(list(range(3010)))\n"  # a long prompt
+        "from vllm_lookahead.core.pool_batch import compile_batch\n"
+        "compile_batch(LookaheadConfig())\n"  # a batch's step, as the engine's
         "assert compiled == {name: len(getattr(t, name).signatures) for name in t.LOOPS}\n"
         "from vllm_lookahead.core import plan_loop as p\n"
         "from vllm_lookahead.core.draft_rule import DraftOptions, compile_plan, plan_step\n"

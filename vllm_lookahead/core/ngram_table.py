@@ -292,13 +292,19 @@ def lookup_pools(tables, text, limit, out, out_sources) -> tuple[int, int, int]:
     answers as :func:`get_into` does (its key becomes its most recent).  Returns how many, the
     index of the pool the first came from (-1: none) and that first continuation's support there
     (:func:`support_of` of its first token)."""
+    return _lookup(tables, 0, len(tables), text, limit, out, out_sources)
+
+
+def _lookup(tables, at, count, text, limit, out, out_sources) -> tuple[int, int, int]:
+    """:func:`lookup_pools` over the pools ``tables[at : at + count]`` (the pool it returns
+    counted from ``at``)."""
     n = 0
     first = -1
     t = len(text)
-    for p in range(len(tables)):
+    for p in range(count):
         if n >= limit:
             break
-        slots, keys, links, conts, entries, meta = tables[p]
+        slots, keys, links, conts, entries, meta = tables[at + p]
         ctx = keys.shape[1]
         if t < ctx or meta[KEYS] == 0:
             continue
@@ -321,7 +327,7 @@ def lookup_pools(tables, text, limit, out, out_sources) -> tuple[int, int, int]:
                 break
     support = 0
     if first >= 0:
-        slots, keys, links, conts, entries, meta = tables[first]
+        slots, keys, links, conts, entries, meta = tables[at + first]
         support = support_of(slots, keys, links, conts, entries, text[t - keys.shape[1] :], out[0, 0])
     return n, first, support
 
@@ -332,12 +338,17 @@ def grow_lead(tables, context, buf, t, d, length, sources) -> int:
     tokens of text and lead, from the first pool that holds their key (``tables`` in order, as
     :func:`lookup_pools`), is appended, its source into ``sources``.  Returns the lead's length
     (short of ``length`` where no pool knows how it goes on)."""
+    return _grow(tables, 0, len(tables), context, buf, t, d, length, sources)
+
+
+def _grow(tables, at, count, context, buf, t, d, length, sources) -> int:
+    """:func:`grow_lead` from the pools ``tables[at : at + count]``."""
     while d < length:
         end = t + d
         w = min(context, end)
         found = False
-        for p in range(len(tables)):
-            slots, keys, links, conts, entries, meta = tables[p]
+        for p in range(count):
+            slots, keys, links, conts, entries, meta = tables[at + p]
             ctx = keys.shape[1]
             if w < ctx or meta[KEYS] == 0:
                 continue
@@ -360,6 +371,77 @@ def grow_lead(tables, context, buf, t, d, length, sources) -> int:
     return d
 
 
+# -- a batch of requests: every request's pools in one list (:class:`~.pool_batch.PoolBatch`) --
+def learn_rows(tables, at, count, tokens, rows, start, length, max_keys, source, resume) -> bool:
+    """Request ``r``'s pools ``tables[at[r] : at[r] + count[r]]`` learn the n-grams of its text
+    ``tokens[rows[r], :length[r]]`` that end at an index >= ``start[r]`` (as :func:`add_to_pools`),
+    from ``resume`` = (request, pool, n-gram) on.  False when a pool's arrays are full: ``resume``
+    then says where (grow that pool, call again)."""
+    r0, p0, d0 = resume[0], resume[1], resume[2]
+    for r in range(r0, len(rows)):
+        seq = tokens[rows[r], : length[r]]
+        for p in range(p0 if r == r0 else 0, count[r]):
+            slots, keys, links, conts, entries, meta = tables[at[r] + p]
+            span = keys.shape[1] + conts.shape[2]
+            first = max(0, start[r] - span + 1)
+            n = length[r] - first - span + 1
+            done = d0 if r == r0 and p == p0 else 0
+            if n > done:
+                done += add_ngrams(
+                    slots, keys, links, conts, entries, meta, seq, first + done, 1, n - done, max_keys, source
+                )
+                if done < n:
+                    resume[0], resume[1], resume[2] = r, p, done
+                    return False
+    return True
+
+
+def lookup_rows(tables, at, count, tokens, rows, length, roots, context, limit, out, out_sources, answers) -> None:
+    """:func:`lookup_pools` for each request ``r`` of a batch, from its pools ``tables[at[r] :
+    at[r] + count[r]]``, after its text: the last ``context`` tokens of ``tokens[rows[r],
+    :length[r]]``, or its root ``roots[r]`` alone where the text does not end with it.  Its
+    continuations go to ``out[r]`` / ``out_sources[r]``, (how many, first pool, support) to
+    ``answers[r]``."""
+    root = np.empty(1, dtype=tokens.dtype)
+    for r in range(len(rows)):
+        end = length[r]
+        row = tokens[rows[r]]
+        if end > 0 and row[end - 1] == roots[r]:
+            n, first, support = _lookup(
+                tables, at[r], count[r], row[max(0, end - context) : end], limit, out[r], out_sources[r]
+            )
+        else:
+            root[0] = roots[r]
+            n, first, support = _lookup(tables, at[r], count[r], root, limit, out[r], out_sources[r])
+        answers[r, 0], answers[r, 1], answers[r, 2] = n, first, support
+
+
+def grow_rows(tables, at, count, tokens, rows, length, roots, context, found, found_sources, want, buf, sources, grown):
+    """Each request's lead (:func:`grow_lead`): its first continuation ``found[r, 0]`` cut or grown
+    to ``want[r]`` tokens (none where ``want[r]`` is 0) after the text :func:`lookup_rows` asked
+    with (``t`` tokens), into ``buf[r, t : t + d]``, each token's source into ``sources[r, :d]``;
+    ``grown[r]`` = (t, d)."""
+    for r in range(len(rows)):
+        if want[r] <= 0:
+            grown[r, 0], grown[r, 1] = 0, 0
+            continue
+        end = length[r]
+        row = tokens[rows[r]]
+        text = buf[r]
+        if end > 0 and row[end - 1] == roots[r]:
+            t = min(context, end)
+            text[:t] = row[end - t : end]
+        else:
+            t = 1
+            text[0] = roots[r]
+        d = min(found.shape[2], want[r])
+        text[t : t + d] = found[r, 0, :d]
+        sources[r, : want[r]] = found_sources[r, 0]
+        if d < want[r]:
+            d = _grow(tables, at[r], count[r], context, text, t, d, want[r], sources[r])
+        grown[r, 0], grown[r, 1] = t, d
+
+
 def rehash(slots, keys, links, meta) -> None:
     """Fill empty ``slots`` with the table's keys (after the arrays grew)."""
     i = meta[HEAD]
@@ -380,11 +462,12 @@ def lru_keys(links, meta, out) -> None:
 
 
 _INLINED = ("_hash", "_unlink", "_append", "_same_row")  # compiled into their callers
-_HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index")
+_HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index", "_lookup", "_grow")
 # what the pools and a request's lookups call
 LOOPS = (
     *("add_ngrams", "get_into", "support_of", "rehash", "lru_keys"),
     *("add_to_pools", "add_to_pools_unlocked", "lookup_pools", "grow_lead"),
+    *("learn_rows", "lookup_rows", "grow_rows"),
 )
 _UNLOCKED = ("add_to_pools_unlocked", "rehash")  # compiled to release the GIL: the long loops
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran

@@ -29,7 +29,7 @@ lookup.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -88,6 +88,7 @@ class NgramPool:
         self._capacity = 0  # keys the arrays hold: none until the first key (_more_room)
         self._keys = self._links = self._conts = self._entries = self._slots = None
         self._table: tuple | None = None  # table(), until the arrays are replaced
+        self.on_grow: Callable[[], None] | None = None  # told when the arrays are replaced (PoolBatch)
         width = max(1, guess_set_size)
         self._out = np.zeros((width, ngram_size - 1), dtype=np.int32)  # a lookup's answer
         self._out_sources = np.zeros(width, dtype=np.int64)
@@ -113,6 +114,8 @@ class NgramPool:
         self._table = None
         self._loops.rehash(self._slots, keys, links, self._meta)
         self._capacity = capacity
+        if self.on_grow is not None:
+            self.on_grow()
 
     def _first_room(self, ngrams: int) -> None:
         """A pool without arrays yet, about to learn ``ngrams`` n-grams (a prompt): arrays for as
@@ -128,6 +131,15 @@ class NgramPool:
         once large, never past ``max_keys``."""
         factor = 4 if self._capacity < 4096 else 2
         self._grow(min(max(factor * self._capacity, _FIRST_KEYS), self.max_keys))
+
+    def make_room(self, ngrams: int) -> None:
+        """Grow the arrays after a compiled add over several pools stopped at this one for room
+        (:func:`~.ngram_table.learn_rows`): its first arrays sized for the ``ngrams`` n-grams it was
+        learning, as :func:`add_to_each` sizes them, or larger ones."""
+        if self._capacity == 0:
+            self._first_room(ngrams)
+        else:
+            self._more_room()
 
     def _add(self, seq: np.ndarray, first: int, stride: int, count: int, source: int) -> None:
         """:func:`~.ngram_table.add_ngrams`, the arrays grown as often as it stops for room."""

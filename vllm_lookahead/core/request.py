@@ -43,7 +43,7 @@ from .draft_length import DraftLength
 from .draft_rule import Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
 from .mode import DraftMode
 from .pool import SharedPools, int_list
-from .request_text import RequestText
+from .request_text import Lookup, RequestText
 from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
@@ -152,34 +152,47 @@ class RequestLookahead:
         recent = int_list(recent[max(0, len(recent) - config.lookup_context) :])
         if not recent or recent[-1] != int(root_token):
             recent = [int(root_token)]
-        room = room if room is not None else 1 << 30
         looked = self.text.lookup(recent)
-        found = looked.found
-        if max_candidates is not None:
-            found = found[:max_candidates]
-        lead: tuple[int, ...] = ()
-        lead_sources: list[int] = []
-        evidence = _NO_EVIDENCE
+        found = looked.found if max_candidates is None else looked.found[:max_candidates]
+        length, evidence, odds = self.lead_request(found, looked, 1 << 30 if room is None else room, min_gain)
+        lead, lead_sources = self.text.grow_lead(found[0][0], found[0][1], recent, length) if length else ((), [])
+        return self.candidates(int(root_token), found, lead, lead_sources, evidence, odds)
+
+    def lead_request(
+        self, found: list[tuple[tuple[int, ...], int]], looked: Lookup, room: int, min_gain: float
+    ) -> tuple[int, LeadEvidence, tuple[float, float] | None]:
+        """:meth:`step_candidates`' lead: how many tokens its first continuation ``found[0]`` is
+        cut or grown to (0: no lead), the evidence it was found on (``looked``) and the rule's odds
+        of it."""
+        if not found or room <= 0:
+            return 0, _NO_EVIDENCE, None
+        config = self.config
+        # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
+        # its length follows what was accepted (DraftLength).
+        evidence = LeadEvidence(looked.context, max(1, looked.support), shared=found[0][1] == Source.SHARED)
         odds = None
-        if found and room > 0:
-            # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
-            # its length follows what was accepted (DraftLength).
-            evidence = LeadEvidence(looked.context, max(1, looked.support), shared=found[0][1] == Source.SHARED)
-            if config.mode is DraftMode.AUTO:
-                # one more than can pay: a left-out token is still checked against the emitted one
-                odds = self.acceptance.lead.odds(evidence)
-                above = self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens, odds)
-                length = min(config.lead_tokens, 1 + above)
-            else:
-                length = self.lead_length.current
-            lead, lead_sources = self.text.grow_lead(found[0][0], found[0][1], recent, min(room, length))
+        if config.mode is DraftMode.AUTO:
+            # one more than can pay: a left-out token is still checked against the emitted one
+            odds = self.acceptance.lead.odds(evidence)
+            above = self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens, odds)
+            length = min(config.lead_tokens, 1 + above)
+        else:
+            length = self.lead_length.current
+        return min(room, length), evidence, odds
+
+    @staticmethod
+    def candidates(
+        root: int,
+        found: list[tuple[tuple[int, ...], int]],
+        lead: tuple[int, ...],
+        lead_sources: list[int],
+        evidence: LeadEvidence,
+        odds: tuple[float, float] | None,
+    ) -> StepCandidates:
+        """:meth:`step_candidates`' answer: the lead grown from ``found[0]``, the rest of ``found``
+        after it."""
         return StepCandidates(
-            int(root_token),
-            lead,
-            lead_sources,
-            found[1:] if lead else [],
-            lead_evidence=evidence,
-            lead_odds=odds,
+            root, lead, lead_sources, found[1:] if lead else [], lead_evidence=evidence, lead_odds=odds
         )
 
     def draft_options(
@@ -293,6 +306,7 @@ class RequestLookahead:
         accepted_tokens: Sequence[int],
         history: Sequence[int],
         path: np.ndarray | None = None,
+        learn: bool = True,
     ) -> None:
         """Learn from the target forward of ``draft`` (see module docstring).
 
@@ -300,7 +314,9 @@ class RequestLookahead:
         ``argmax``: (num_nodes_run,) argmax per run node, -1 without logits;
         ``accepted_tokens``: tokens appended this step (drafts + bonus, >= 1);
         ``history``: the full sequence after this step (only its tail is read);
-        ``path``: the accepted node ids (to credit window-only n-grams; None: not known).
+        ``path``: the accepted node ids (to credit window-only n-grams; None: not known);
+        ``learn``: False leaves the n-grams ending in the new tokens to the caller, who learns
+        them after the window's (:meth:`.PoolBatch.learn`, for a batch of requests at once).
         """
         if not 1 <= num_nodes_run <= draft.tree.size:
             raise ValueError(f"num_nodes_run {num_nodes_run} outside [1, {draft.tree.size}]")
@@ -320,7 +336,10 @@ class RequestLookahead:
             ngrams = self.window.update(outputs, num_new - 1, tail)
             if ngrams:
                 self.text.pool.add_rows(np.array(ngrams, dtype=np.int64), Source.WINDOW)
-        self.text.learn(tail, start, len(history))
+        if learn:
+            self.text.learn(tail, start, len(history))
+        else:
+            self.text.known = len(history)
 
         self.adapt_lead(draft, num_nodes_run, num_new - 1)
         self.record_acceptance(draft, num_nodes_run, accepted_tokens, path)
@@ -376,8 +395,9 @@ class RequestLookahead:
         if self.window is not None:
             self.window.reset(prompt_token_ids)
 
-    def catch_up(self, history: Sequence[int]) -> None:
-        """Learn every token of ``history`` the pools have not seen yet (none, one or many).
+    def catch_up(self, history: Sequence[int], learn: bool = True) -> None:
+        """Learn every token of ``history`` the pools have not seen yet (none, one or many;
+        ``learn`` False: the caller learns them, as in :meth:`observe`).
 
         Lets the engine skip a request's learning while it cannot draft anyway (a
         full batch) and pay for it, once per token, when it can: total work stays
@@ -387,4 +407,4 @@ class RequestLookahead:
         known = self.text.known
         if unsent is not None and len(history) > known:  # the step after a draft of nothing
             self.record_acceptance(unsent, 1, [int(history[known])], None)
-        self.text.catch_up(history)
+        self.text.catch_up(history, learn)

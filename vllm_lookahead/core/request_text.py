@@ -58,6 +58,7 @@ class RequestText:
         rows = max(1, config.guess_set_size) * len(self._asked)
         self._found = np.zeros((rows, config.ngram_size - 1), dtype=np.int32)
         self._found_sources = np.zeros(rows, dtype=np.int64)
+        self.batch_at: int | None = None  # its pools' first entry in a PoolBatch (None: not in one)
         self.known = len(prompt_token_ids)  # tokens of the sequence the pools have seen
         self.prompt_len = len(prompt_token_ids)
 
@@ -104,10 +105,15 @@ class RequestText:
         n, first, support = self._loops.lookup_pools(
             self._tables(), text, min(limit, len(self._found)), self._found, self._found_sources
         )
+        return self.answer(self._found, self._found_sources, n, first, support)
+
+    def answer(self, found: np.ndarray, sources: np.ndarray, n: int, first: int, support: int) -> Lookup:
+        """The :class:`Lookup` a compiled lookup over :meth:`_lookup_pools` wrote: ``n`` rows of
+        ``found`` / ``sources``, the first from pool ``first`` with ``support``."""
         if not n:
             return Lookup([], 0, 0)
-        found = list(zip(map(tuple, self._found[:n].tolist()), self._found_sources[:n].tolist()))
-        return Lookup(found, self._asked[first].context, support)
+        rows = list(zip(map(tuple, found[:n].tolist()), sources[:n].tolist()))
+        return Lookup(rows, self._asked[first].context, support)
 
     def lead_candidate(self, first: tuple[int, ...], recent: Sequence[int], length: int) -> tuple[int, ...]:
         """``first`` cut or grown to ``length`` tokens.
@@ -155,11 +161,12 @@ class RequestText:
         self._share(tail, start, length)
         self.known = length
 
-    def catch_up(self, history: Sequence[int]) -> None:
-        """Learn every token of ``history`` the pools have not seen yet (none, one or many)."""
+    def catch_up(self, history: Sequence[int], learn: bool = True) -> None:
+        """Learn every token of ``history`` the pools have not seen yet (none, one or many;
+        ``learn`` False: only count them as seen, the caller learns them)."""
         num_new = len(history) - self.known
         self.known = len(history)
-        if num_new <= 0 or not (self.config.ablation.pool_from_output or self.shared is not None):
+        if not learn or num_new <= 0 or not (self.config.ablation.pool_from_output or self.shared is not None):
             return
         tail, start = self.tail(num_new, history)
         self.learn(tail, start, len(history))
@@ -176,7 +183,11 @@ class RequestText:
 def compile_pools(config: LookaheadConfig) -> None:
     """Compile the pools' loops (numba; cached on disk after the first time) at start-up, not in
     the first step that learns or looks up: every call a step makes, on a throwaway request's
-    pools shaped by ``config`` (the lookups over several pools are compiled for their number)."""
+    pools shaped by ``config`` (the lookups over several pools are compiled for their number),
+    and a batch's (:func:`~.pool_batch.compile_batch`)."""
+    from .pool_batch import compile_batch
+
+    compile_batch(config)
     shared = SharedPools.for_config(config) if config.shared_pool else None
     text = RequestText(config, list(range(3 * config.ngram_size)) * 2, shared)
     text.catch_up([*range(3 * config.ngram_size)] * 3)

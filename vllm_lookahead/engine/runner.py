@@ -37,7 +37,7 @@ import copy
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -47,6 +47,8 @@ from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
 from vllm_lookahead.core.draft_rule import PooledConfidence, compile_plan, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest
 from vllm_lookahead.core.pool import SharedPools
+from vllm_lookahead.core.pool_batch import PoolBatch
+from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.request_text import compile_pools
 from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
 from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
@@ -78,6 +80,24 @@ def _new_state(
     )
 
 
+class _Ask(NamedTuple):
+    """A request's part of a proposal before its candidates: what it asks of its pools."""
+
+    i: int  # its row in the input batch (and the token array)
+    req_id: str
+    state: RequestLookahead
+    sp: Any  # its sampling parameters
+    room: int  # draft nodes it may carry
+    thinking: ThinkingLimit | None
+    root: int  # its last token
+    history: np.ndarray  # its tokens so far
+
+    @property
+    def max_candidates(self) -> int | None:
+        """Structured output drafts a chain: the lead alone (vLLM masks chain positions only)."""
+        return 1 if eligibility.chain_only(self.sp) else None
+
+
 class RunnerLookahead:
     """Lookahead's per-worker state and its step hooks (see the module docstring)."""
 
@@ -96,6 +116,8 @@ class RunnerLookahead:
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_config(cfg) if cfg.shared_pool else None
+        # the live requests' pools, learnt into and asked in one compiled call per phase of a step
+        self.pools = PoolBatch(cfg)
         # how greedy / sampled requests' drafted leads fared against their estimates (a shift for each kind)
         self.pooled = {True: PooledConfidence(), False: PooledConfidence()}
         self.batch: TreeBatch | None = None
@@ -257,22 +279,31 @@ class RunnerLookahead:
         observed = []
         # an idle request resting: no lookups this step, its pools catch up when it proposes again
         proposing = self.live.proposing(req_ids, sampled_token_ids) if can_draft else range(len(req_ids))
+        # the batch learns after all observed, and asks for all (a few requests ask on their own:
+        # the batch's calls cost more than theirs)
+        batch = len(proposing) >= PoolBatch.FROM
+        learning: list[tuple[str, RequestLookahead, int, int, int]] | None = [] if batch else None
         for i in proposing:
             req_id = req_ids[i]
             new_tokens = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             history = token_ids_cpu[i, : int(num_tokens_no_spec[i])] if new_tokens else None
-            state = self._observe(req_id, new_tokens, history, can_draft)
+            state = self._observe(req_id, i, new_tokens, history, can_draft, learning)
             if state is None or not can_draft:
                 if new_tokens:  # the pools catch up on skipped tokens when the request drafts again
                     self.report.undrafted[req_id] = Undrafted.BATCH_FULL.label
                 continue
             observed.append((i, req_id, state, new_tokens, history))
+        if learning:
+            self._learn(learning, token_ids_cpu)
+        asks = []
         for i, req_id, state, new_tokens, history in observed:
-            request = self._draft_request(i, req_id, state, new_tokens, history, budget, floor)
-            if isinstance(request, Undrafted):
-                self.report.undrafted[req_id] = request.label
+            ask = self._ask(i, req_id, state, new_tokens, history, budget)
+            if isinstance(ask, Undrafted):
+                self.report.undrafted[req_id] = ask.label
             else:
-                wanted.append((i, req_id, *request))
+                asks.append(ask)
+        for ask, cands in zip(asks, self._candidates(asks, token_ids_cpu, floor, batch)):
+            wanted.append((ask.i, ask.req_id, self._draft_request(ask, cands), ask.thinking))
         cost = self.timing.model() if rule and wanted else None
         built = drafting.draft_step([w[2] for w in wanted], cost, base_tokens=decoding)
         for (i, req_id, request, thinking), draft in zip(wanted, built):
@@ -297,11 +328,20 @@ class RunnerLookahead:
         return mode is DraftMode.FULL or self.timing.any_draft_pays(decoding)
 
     def _observe(
-        self, req_id: str, new_tokens: list[int], history: np.ndarray | None, can_draft: bool
+        self,
+        req_id: str,
+        i: int,
+        new_tokens: list[int],
+        history: np.ndarray | None,
+        can_draft: bool,
+        learning: list[tuple[str, RequestLookahead, int, int, int]] | None,
     ) -> RequestLookahead | None:
         """The request's state after this step's outcome (its window and pools updated; created
         on first use with the request's own settings); None when there is nothing to observe now
-        (no new token, or a batch too full for drafts and no tree run)."""
+        (no new token, or a batch too full for drafts and no tree run).  A request whose pools
+        are in :attr:`pools` leaves its new tokens' n-grams to ``learning`` (its row ``i`` of
+        the token array and the span of it to learn; None: it learns them itself), which the
+        batch learns once every request observed."""
         outcome = self.live.take_outcome(req_id)
         if not new_tokens or history is None or (not can_draft and outcome is None):
             return None
@@ -312,13 +352,29 @@ class RunnerLookahead:
                 req_state = self.runner.requests[req_id]
                 state = self._state_build(req_state.prompt_token_ids, req_state.sampling_params)()
             self.live.add_state(req_id, state)
+            self.pools.add(state.text)
+        batched = learning is not None and state.text.batch_at is not None
+        length = len(history)
         if outcome is not None:
             assert outcome.draft is not None
-            state.observe(outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path)
+            state.observe(
+                outcome.draft, outcome.num_nodes, outcome.argmax, new_tokens, history, outcome.path, learn=not batched
+            )
+            start = length - len(new_tokens)
         else:
-            state.catch_up(history)
-        self.live.count_pools(req_id)
+            start = state.text.known
+            state.catch_up(history, learn=not batched)
+        if not batched:
+            self.live.count_pools(req_id)
+        elif length > start:
+            learning.append((req_id, state, i, start, length))  # type: ignore[union-attr]
         return state
+
+    def _learn(self, learning: list[tuple[str, RequestLookahead, int, int, int]], tokens: np.ndarray) -> None:
+        """The batch learns what :meth:`_observe` left to it, and the requests' pools are counted."""
+        self.pools.learn([x[1].text for x in learning], tokens, *zip(*(x[2:] for x in learning)))
+        for req_id, *_ in learning:
+            self.live.count_pools(req_id)
 
     def _state_build(self, prompt: list[int] | None, sp: Any) -> functools.partial[RequestLookahead]:
         """What builds a new request's state: its own settings (extra_args, validated where vLLM
@@ -328,7 +384,7 @@ class RunnerLookahead:
         pooled = self.pooled[sp is None or eligibility.is_greedy(sp)]
         return functools.partial(_new_state, cfg, prompt or [], shared, pooled)
 
-    def _draft_request(
+    def _ask(
         self,
         i: int,
         req_id: str,
@@ -336,33 +392,52 @@ class RunnerLookahead:
         new_tokens: list[int],
         history: np.ndarray,
         budget: int | None,
-        floor: float,
-    ) -> tuple[DraftRequest, ThinkingLimit | None] | Undrafted:
-        """The request's part of the step (its candidates and room) and its thinking-budget
-        limit, or the reason it drafts nothing."""
+    ) -> _Ask | Undrafted:
+        """What the request asks of its pools this step (its room, its root and recent text), or
+        the reason it drafts nothing."""
         req_state = self.runner.requests[req_id]
         room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
         if room <= 0:
             return reason
-        sp = req_state.sampling_params
-        chain = eligibility.chain_only(sp)  # structured output: vLLM masks chain positions only
-        recent = history[max(0, len(history) - self.config.lookup_context) :]
-        cands = state.step_candidates(
-            int(new_tokens[-1]), recent, room, max_candidates=1 if chain else None, min_gain=floor
-        )
+        return _Ask(i, req_id, state, req_state.sampling_params, room, thinking, int(new_tokens[-1]), history)
+
+    def _candidates(self, asks: list[_Ask], tokens: np.ndarray, floor: float, batch: bool) -> list[StepCandidates]:
+        """Each ask's candidates: those of requests in :attr:`pools` from one batch of lookups
+        (:meth:`.PoolBatch.step_candidates`) if ``batch``, the others' from their own."""
+        out: list[StepCandidates | None] = [None] * len(asks)
+        batched = [k for k, ask in enumerate(asks) if batch and ask.state.text.batch_at is not None]
+        if batched:
+            found = self.pools.step_candidates(
+                [
+                    (ask.state, ask.i, len(ask.history), ask.root, ask.room, ask.max_candidates, floor)
+                    for ask in (asks[k] for k in batched)
+                ],
+                tokens,
+            )
+            for k, cands in zip(batched, found):
+                out[k] = cands
+        context = self.config.lookup_context
+        for k, ask in enumerate(asks):
+            if out[k] is None:
+                history = ask.history
+                recent = history[max(0, len(history) - context) :]
+                out[k] = ask.state.step_candidates(ask.root, recent, ask.room, ask.max_candidates, min_gain=floor)
+        return out  # type: ignore[return-value]
+
+    def _draft_request(self, ask: _Ask, cands: StepCandidates) -> DraftRequest:
+        """The request's part of the step: its candidates, room and prices."""
         # Random sampling tries a node's children in turn, so candidates sharing a prefix are
         # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
-        greedy = eligibility.is_greedy(sp)
-        merge = None if greedy else True
+        greedy = eligibility.is_greedy(ask.sp)
         return DraftRequest(
-            state,
+            ask.state,
             cands,
-            room,
-            window=not chain,
-            merge=merge,
+            ask.room,
+            window=ask.max_candidates is None,
+            merge=None if greedy else True,
             verify_seconds=self.timing.verify_seconds(greedy),
             token_seconds=self.timing.token_seconds(greedy),
-        ), thinking
+        )
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:
         """The draft's tokens as vLLM carries them (cut to the room and before any thinking-end
@@ -438,6 +513,10 @@ class RunnerLookahead:
     # -- request lifecycle ---------------------------------------------------------------
     def forget(self, req_ids: Any) -> None:
         """Finished or aborted requests: drop everything kept for them."""
+        for req_id in req_ids:
+            state = self.live.state(req_id)
+            if state is not None:
+                self.pools.remove(state.text)
         self.live.forget(req_ids)
         self.builds.forget(req_ids)
 
