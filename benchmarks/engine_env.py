@@ -18,6 +18,7 @@ it as it is.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -48,6 +49,27 @@ def engine_env(base: Mapping[str, str], inherit: bool = False) -> tuple[dict[str
         return env, "glibc malloc, its default thresholds (--inherit-malloc)"
     env.update(FIXED_MALLOC)
     return env, "glibc malloc, " + ", ".join(f"{k}={v}" for k, v in FIXED_MALLOC.items())
+
+
+ALLOCATOR_LINE = "VLLM_LOOKAHEAD_BENCH_ALLOCATOR"  # set in a benchmark process re-executed by :func:`run_as_engines`
+
+
+def run_as_engines(module: str, argv: list[str], inherit: bool = False) -> str:
+    """The allocator line of a benchmark that runs the plugin in its own process
+    (``python -m module argv``, the host-work replay): the process re-executed once under the
+    engines' allocator settings (:func:`engine_env`), which glibc reads only as a process starts
+    -- the replay's vocabulary-sized rows on CPU tensors are then not faulted in page by page
+    every step, as an engine's are not.  Returns the line for the report."""
+    line = os.environ.get(ALLOCATOR_LINE)
+    if line is not None:
+        return line
+    env, line = engine_env(os.environ, inherit)
+    if env == dict(os.environ):  # the caller's allocator, or glibc's defaults: nothing to re-execute for
+        return line
+    env[ALLOCATOR_LINE] = line
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.engine_env import run_as_engines
 from benchmarks.host_work.anchors import ANCHORS, AnchorReplay, missing
 from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes
 from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{env.get('cpu', env['machine'])}, {_cores()} cores",
+        "allocator": args.allocator,
         "environment": env,
         "command": "python -m benchmarks.host_work " + " ".join(args.argv),
         "recording": str(args.recording),
@@ -176,7 +178,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Host work per decode step ({result['date']})",
         "",
-        f"Machine: {result['machine']}.  Command: `{result['command']}`.  "
+        f"Machine: {result['machine']}; {result.get('allocator', 'glibc malloc, its default thresholds')}.  "
+        f"Command: `{result['command']}`.  "
         f"Streams: greedy completions of `{Path(result['recording']).parent.name}` (T > 0: sampled from a "
         "model peaked at them, `benchmarks/host_work/sampled_model.py`); "
         f"draft rule priced with the `{result['cost']}` forward; {result['steps']} measured steps per cell; "
@@ -271,9 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         "GPU server; new requests' states built meanwhile); reports the engine thread's stall past it",
     )
     p.add_argument("--recording", type=Path, default=RECORDING)
+    p.add_argument(
+        "--inherit-malloc",
+        action="store_true",
+        help="keep this process's malloc settings (else the engines' fixed thresholds, benchmarks/engine_env.py)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.argv = argv
+    args.allocator = run_as_engines("benchmarks.host_work", argv, args.inherit_malloc)
     t0 = time.perf_counter()
     result = run(args)
     result["wall_s"] = time.perf_counter() - t0

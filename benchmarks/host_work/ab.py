@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.engine_env import engine_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,11 +88,12 @@ def _runs(args: argparse.Namespace, trees: dict[str, Path], out: Path) -> dict[s
     cell = ["--batch", str(args.batch), "--context", str(args.context), "--temperature", str(args.temperature)]
     cell += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--config", args.config, "--cost", args.cost]
     cell += ["--device-time"] if args.device_time else []
+    env, _ = engine_env(os.environ)  # the engines' allocator settings, as the host-work table runs under
     for r in range(args.rounds):
         for name, tree in trees.items():
             dump = out / f"{name}-{r}.json"
             command = [sys.executable, "-m", "benchmarks.host_work.ab", "--tree", str(tree), "--dump", str(dump)]
-            done = subprocess.run(command + cell, cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run(command + cell, cwd=ROOT, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
             runs[name].append(json.loads(dump.read_text()))

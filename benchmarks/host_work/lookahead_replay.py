@@ -26,8 +26,10 @@ tree node's argmax and vLLM's sample at the roots (greedy: read off the recordin
 output does not depend on the drafts), the KV copies themselves.  Greedy, every emitted token is
 checked against the recording, so a replay that ran is an exact one.  Sampled (``temperature`` >
 0), the rows come from a model peaked at the recording (:mod:`.sampled_model`), vLLM's sample at
-the roots is drawn from them, and the walks of verification run on them with the noise vLLM's GPU
-sampler draws (``exponential``), on CPU tensors.
+the roots is drawn from them, and the walks of verification run on them, on CPU tensors, as for
+requests without a seed (each position sampled by
+:func:`~vllm_lookahead.engine.step.sampler_noise.inverse_cdf`; a seeded request's would draw the
+noise of vLLM's GPU sampler, ``exponential``).
 The draft rule prices trees with a GPU's forward-cost model (``cost``), not refined by the replay
 (no forward runs); its verification price and idle rests learn from the replay's own host time, as
 on a server.
@@ -156,6 +158,8 @@ class LookaheadReplay:
         vocab = 0
         if sampled:  # rows over the streams' own tokens (sampled_model)
             streams, vocab = compact(streams)
+            # vLLM's sampler ops, which verification calls: loaded in an engine (its Sampler's), not timed here
+            import vllm.v1.sample.ops.topk_topp_sampler  # noqa: F401
         self.streams, self.batch, self.max_model_len = streams, batch, max_model_len
         model = SimpleNamespace(max_model_len=max_model_len, uses_mrope=False, logits_processors=None)
         vllm_config = SimpleNamespace(

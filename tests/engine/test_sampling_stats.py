@@ -9,7 +9,9 @@ tokens are compared -- each position and each pair of consecutive tokens -- with
 tests, Bonferroni-corrected (tests/support/stats.py):
 
 * toy model (the sharp variant, so drafts are accepted at temperature 1 too): against the
-  same engine settings without speculation, two-sample tests, at four settings;
+  same engine settings without speculation, two-sample tests, at four settings, and the tree
+  configuration at two of them with requests that have no seed (``UNSEEDED_SETTINGS``: their
+  walks sample each position by the inverse CDF, not the sampler's noise);
 * SmolLM2 (CI time on this CPU): against the exact distribution of plain sampling --
   the model's logits (Hugging Face transformers, fp32) through vLLM's own temperature and
   top-k/top-p op, prefix by prefix -- goodness-of-fit tests; each of the four settings once,
@@ -48,6 +50,7 @@ SETTINGS = {
     "T=1.0 top-k 5": dict(temperature=1.0, top_k=5),
 }
 TOY_SETTINGS = ("T=0.7", "T=1.0", "T=1.0 top-p 0.9", "T=0.7 top-k 5")
+UNSEEDED_SETTINGS = ("T=1.0", "T=0.7 top-k 5")
 # The lead candidate as one chain, drafted every step (the draft rule may choose not to draft at
 # 8 requests in flight; this test is about the sampling rule over chains, so it must draft).
 CHAIN = {"method": "lookahead", "window_size": 0, "guess_set_size": 1, "max_tokens_per_step": 0}
@@ -68,10 +71,11 @@ def histograms(samples: list[tuple[int, ...]]) -> dict[str, Counter]:
 
 
 def sample(
-    engine: Engine, prompt: list[int], name: str, seed_base: int, samples: int = SAMPLES
+    engine: Engine, prompt: list[int], name: str, seed_base: int, samples: int = SAMPLES, seeded: bool = True
 ) -> tuple[list[tuple[int, ...]], float]:
-    """``samples`` continuations (each request its own seed), submitted a few batches at a time
-    (thousands of queued requests slow every engine step down); and the run's MAT."""
+    """``samples`` continuations (each request its own seed, or none: the engine's global
+    stream), submitted a few batches at a time (thousands of queued requests slow every engine
+    step down); and the run's MAT."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -81,7 +85,7 @@ def sample(
     out: list[tuple[int, ...]] = []
     for start in range(0, samples, chunk):
         sps = [
-            SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=seed_base + i, **SETTINGS[name])
+            SamplingParams(max_tokens=TOKENS, ignore_eos=True, seed=seed_base + i if seeded else None, **SETTINGS[name])
             for i in range(start, min(samples, start + chunk))
         ]
         results = engine.llm.generate([TokensPrompt(prompt_token_ids=prompt)] * len(sps), sps, use_tqdm=False)
@@ -119,6 +123,13 @@ def test_toy_sampling_matches_vllm(sharp_toy_model, engines):
             comparisons.append(
                 (f"toy {mode} {name}", compare_samples(histograms(ref[name]), histograms(got), ALPHA), mat)
             )
+    # requests without a seed: their walks sample each position by the inverse CDF (sampler_noise.py)
+    engine = engines.get(sharp_toy_model, TOY_TREE)
+    for name in UNSEEDED_SETTINGS:
+        got, mat = sample(engine, prompt, name, 0, seeded=False)
+        comparisons.append(
+            (f"toy tree {name}, no seed", compare_samples(histograms(ref[name]), histograms(got), ALPHA), mat)
+        )
     check(comparisons)
 
 

@@ -160,6 +160,7 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
         assert "ngram" not in cell or cell["ngram"]["step_s"]["p50"] > 0
     table = (out / "results.md").read_text()
     assert table.count("\n| ") == 1 + 8 and "ngram ms/step" in table and "of which GC" in table
+    assert result["allocator"] and result["allocator"] in table  # run as the engines are (engine_env)
     print(table)
 
 

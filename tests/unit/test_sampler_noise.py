@@ -111,3 +111,48 @@ def test_rows_of_several_requests_get_each_requests_own_settings():
     theirs, _ = inner.forward_native(rows.clone() / TEMPERATURE, gens, TOP_K.clone(), TOP_P.clone())
     mine = [torch.Generator().manual_seed(40 + i) for i in range(3)]
     assert noise.sample_rows(target_dist.sampling_logits(rows, sm, [0, 1, 2]), mine) == theirs.tolist()
+
+
+def test_rows_without_a_generator_are_drawn_from_their_distribution():
+    """Unseeded rows (:func:`inverse_cdf`): each row's tokens follow its own softmax, chi-square
+    against the exact probabilities, top-k / top-p masked tokens never drawn, a row with one token
+    left always that token; the test itself rejects a row's draws checked against another row."""
+    from collections import Counter
+
+    from support.stats import compare_to_exact
+    from vllm_lookahead.engine.step import target_dist
+    from vllm_lookahead.engine.step.sampler_noise import inverse_cdf
+
+    torch.manual_seed(3)
+    sm = SimpleNamespace(temperature=TEMPERATURE[:, 0].clone(), top_k=TOP_K.clone(), top_p=TOP_P.clone())
+    logits = target_dist.sampling_logits(torch.randn(3, VOCAB) * 2, sm, [0, 1, 2])
+    probs = logits.softmax(dim=-1).double().numpy()
+    draws = torch.stack([inverse_cdf(logits) for _ in range(4000)]).numpy()  # (4000, 3)
+    counts = {f"row {r}": Counter(draws[:, r].tolist()) for r in range(3)}
+    exact = {f"row {r}": {t: float(p) for t, p in enumerate(probs[r]) if p > 0} for r in range(3)}
+    result = compare_to_exact(counts, exact)
+    assert result.passed, result.summary()
+    assert all(probs[r, t] > 0 for r in range(3) for t in draws[:, r])  # masked tokens never drawn
+    swapped = {"row 0": exact["row 1"], "row 1": exact["row 0"], "row 2": exact["row 2"]}
+    assert not compare_to_exact(counts, swapped).passed
+
+    one_left = torch.full((2, VOCAB), float("-inf"))
+    one_left[0, 5], one_left[1, VOCAB - 1] = 0.0, 3.0
+    assert inverse_cdf(one_left).tolist() == [5, VOCAB - 1]
+
+
+@pytest.mark.parametrize("noise", [SamplerNoise("splitmix"), SamplerNoise("exponential")])
+def test_a_pass_of_seeded_and_unseeded_rows_puts_each_token_in_its_row(noise):
+    """Rows with and without generators in one pass: every row's token where it belongs (rows
+    with a single token left must give it), the seeded rows' tokens those of their own calls."""
+    torch.manual_seed(4)
+    logits = torch.randn(5, VOCAB) * 3
+    forced = {1: 11, 3: 42}  # unseeded rows with one token left
+    for row, token in forced.items():
+        logits[row] = float("-inf")
+        logits[row, token] = 1.0
+    seeds = [8, None, 9, None, 10]
+    together = noise.sample_rows(logits, [torch.Generator().manual_seed(s) if s else None for s in seeds])
+    alone = [noise.sample(logits[i : i + 1], torch.Generator().manual_seed(s)) for i, s in enumerate(seeds) if s]
+    assert [together[i] for i, s in enumerate(seeds) if s] == alone
+    assert [together[row] for row in forced] == list(forced.values())

@@ -136,22 +136,55 @@ def coupled_walks(
     tokens after the nodes so reached come from one call ``sample_after([(walk, node), ...])``
     (walks in order).  Each walk's calls are those of :func:`coupled_walk`, in the same order, so
     a walk whose noise comes from its own generator advances it exactly as alone; the rounds
-    let the walks of a step share each sampling call (one pass over their rows, one read-back).
+    let the walks of a step share each sampling call (one pass over their rows, one read-back),
+    and a round's children are looked up for every walk at once (:class:`_FirstChildren`).
     """
-    tokens = [int(first) for _, first in walks]
-    nodes = [0] * len(walks)
+    children = _FirstChildren([tree for tree, _ in walks])
+    tokens = np.fromiter((int(first) for _, first in walks), dtype=np.int64, count=len(walks))
+    nodes = np.zeros(len(walks), dtype=np.int64)
     paths: list[list[int]] = [[] for _ in walks]
-    going = list(range(len(walks)))
-    while going:
-        moved = []
-        for w in going:
-            child = child_carrying(walks[w][0], nodes[w], tokens[w])
-            if child is not None:
-                paths[w].append(child)
-                nodes[w] = child
-                moved.append(w)
-        if moved:
-            for w, token in zip(moved, sample_after([(w, nodes[w]) for w in moved]), strict=True):
-                tokens[w] = int(token)
-        going = moved
-    return [(np.asarray(path, dtype=np.int64), token) for path, token in zip(paths, tokens)]
+    going = np.arange(len(walks))
+    while going.size:
+        child = children.of(going, nodes[going], tokens[going])
+        found = child >= 0
+        going, child = going[found], child[found]
+        if not going.size:
+            break
+        nodes[going] = child
+        moved = going.tolist()
+        for w, node in zip(moved, child.tolist()):
+            paths[w].append(node)
+        tokens[going] = sample_after(list(zip(moved, child.tolist())))
+    return [(np.asarray(path, dtype=np.int64), int(token)) for path, token in zip(paths, tokens.tolist())]
+
+
+class _FirstChildren:
+    """:func:`child_carrying` for many walks' trees in one lookup: every node with logits (the root
+    aside) keyed by (walk, parent, token), the first in node order kept per key, sorted; a round's
+    ``(walk, node, token)`` triples found with one ``searchsorted``."""
+
+    _NODE, _WALK = 24, 44  # a key: walk << 44 | parent << 24 | token (tokens < 2**24, nodes < 2**20)
+
+    def __init__(self, trees: Sequence[DraftTree]) -> None:
+        sizes = np.fromiter((t.size for t in trees), dtype=np.int64, count=len(trees))
+        walk = np.repeat(np.arange(len(trees), dtype=np.int64), sizes)
+        node = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        keep = np.concatenate([t.logits for t in trees]) & (node > 0) if trees else np.zeros(0, dtype=bool)
+        parents = np.concatenate([t.parents for t in trees]).astype(np.int64) if trees else node
+        tokens = np.concatenate([t.tokens for t in trees]) if trees else node
+        keys = self._key(walk[keep], parents[keep], tokens[keep])
+        self._keys, first = np.unique(keys, return_index=True)  # first: the key's first occurrence (node order)
+        self._children = node[keep][first]
+
+    @classmethod
+    def _key(cls, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
+        return (walk << cls._WALK) | (node << cls._NODE) | token
+
+    def of(self, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
+        """Per ``(walk, node, token)``: the first child of ``node`` with logits carrying ``token``
+        in that walk's tree, or -1."""
+        if not self._keys.size:
+            return np.full(walk.shape, -1, dtype=np.int64)
+        query = self._key(walk, node, token.astype(np.int64))
+        at = np.minimum(np.searchsorted(self._keys, query), self._keys.size - 1)
+        return np.where(self._keys[at] == query, self._children[at], -1)

@@ -12,11 +12,13 @@ ways, by the sampler implementation the platform picked (``TopKTopPSampler``,
   generators, ``use_fp64_gumbel``): a vocabulary-sized vector ``q.exponential_(generator=g)``
   (float64 with ``use_fp64_gumbel``), the token ``argmax(p / q)``.
 
-:meth:`SamplerNoise.sample` draws the next token's noise the same way and samples with it, so
-verification (:func:`vllm_lookahead.core.sampling.coupled_walk`) consumes a seeded request's
-generator exactly as sampling without speculation does; :meth:`SamplerNoise.sample_rows` does it
-for the rows of several requests' walks in one pass (each row with its own generator's next noise).  Other
-implementations (FlashInfer,
+:meth:`SamplerNoise.sample` draws a seeded request's next noise the same way and samples with
+it, so verification (:func:`vllm_lookahead.core.sampling.coupled_walk`) consumes the request's
+generator exactly as sampling without speculation does and emits vLLM's own tokens;
+:meth:`SamplerNoise.sample_rows` does it for the rows of several requests' walks in one pass (each
+row with its own generator's next noise).  A request without a seed draws from the global stream,
+whose draws no one can replay token for token, so its rows are sampled by the cheaper
+:func:`inverse_cdf`: the same distribution, one uniform per row.  Other implementations (FlashInfer,
 ROCm's aiter, XPU) have no per-token noise to mirror: :meth:`SamplerNoise.of` returns None
 and verification keeps the SpecInfer rule (exact in distribution, not token for token).
 """
@@ -53,36 +55,59 @@ class SamplerNoise:
         return self.sample_rows(logits, [generator])[0]
 
     def sample_rows(self, logits: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
-        """:meth:`sample` for each row of ``logits`` (``[rows, vocab]``) with the next noise of its
-        generator, in one pass, as vLLM's sampler draws a batch's noise: the rows without a
-        generator in one draw from the global stream, then each seeded row's seed / noise vector
-        from its own generator (so each generator advances exactly as by that row's own
-        :meth:`sample`; on a GPU the seeded rows' noise in one launch where it equals torch's
-        bit for bit, :func:`_fused_noise`), the argmax of every row at once, one read-back."""
-        unseeded = any(g is None for g in generators)
+        """:meth:`sample` for each row of ``logits`` (``[rows, vocab]``), in one pass and one
+        read-back.  A seeded row (a generator of its own) is sampled with its generator's next
+        noise, as vLLM's sampler draws it (:meth:`_seeded`), so each generator advances exactly
+        as by that row's own :meth:`sample` and the token is vLLM's; the rows without a generator
+        by :func:`inverse_cdf` (exact in distribution, one uniform each from the global stream:
+        nothing there is reproducible token for token, and a vocabulary of noise per row costs
+        ~12x the inverse CDF on CPU tensors)."""
+        free = [i for i, g in enumerate(generators) if g is None]
+        if len(free) == len(generators):
+            return inverse_cdf(logits).tolist()
+        if not free:
+            return self._seeded(logits, list(generators)).tolist()
+        seeded = [i for i, g in enumerate(generators) if g is not None]
+        device = logits.device
+        free_rows, seeded_rows = (torch.tensor(rows, dtype=torch.int64).to(device) for rows in (free, seeded))
+        tokens = torch.empty(len(generators), dtype=torch.int64, device=device)
+        tokens[free_rows] = inverse_cdf(logits[free_rows])
+        tokens[seeded_rows] = self._seeded(logits[seeded_rows], [generators[i] for i in seeded]).to(torch.int64)
+        return tokens.tolist()
+
+    def _seeded(self, logits: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+        """Each row's token with the next noise of its own generator, as vLLM's sampler draws a
+        batch's noise: the seed / noise vector of each row from its generator (on a GPU the rows'
+        noise in one launch where it equals torch's bit for bit, :func:`_fused_noise`), the
+        argmax of every row at once."""
         if self.kind == "splitmix":
-            seeds = torch.randint(0, 2**31, (len(generators),), dtype=torch.long) if unseeded else None
-            drawn = [
-                torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long) if g is not None else seeds[i : i + 1]
-                for i, g in enumerate(generators)
-            ]
-            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), torch.cat(drawn)).tolist()
+            drawn = [torch.randint(0, 2**31, (1,), generator=g, dtype=torch.long) for g in generators]
+            return torch.ops._C.fused_gumbel_argmax(logits.to(torch.float32), torch.cat(drawn))
         from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         q = empty_exponential_noise_like(probs, self.fp64)
-        if unseeded:
-            q.exponential_()
-        seeded = [i for i, g in enumerate(generators) if g is not None]
-        if len(seeded) > 1 and _fused_noise(q):
+        if len(generators) > 1 and _fused_noise(q):
             from vllm_lookahead.kernels.exponential_noise import exponential_rows, take_offsets
 
-            rows = torch.tensor(seeded, dtype=torch.int64).to(q.device, non_blocking=True)
-            exponential_rows(q, rows, *take_offsets([generators[i] for i in seeded], q.device))
+            rows = torch.arange(len(generators), dtype=torch.int64, device=q.device)
+            exponential_rows(q, rows, *take_offsets(generators, q.device))
         else:
-            for i in seeded:
-                q[i].exponential_(generator=generators[i])
-        return sample_with_exponential_noise(probs, q).tolist()
+            for i, g in enumerate(generators):
+                q[i].exponential_(generator=g)
+        return sample_with_exponential_noise(probs, q)
+
+
+def inverse_cdf(logits: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``logits`` (``[rows, vocab]``, masked entries -inf), drawn from its
+    softmax by inverse transform sampling: the probabilities accumulated in float64, one uniform
+    per row from the global stream scaled to just below the row's total, the first entry whose
+    running sum exceeds it.  That entry always has mass -- the running sum rose there -- so a
+    masked token is never drawn."""
+    cdf = logits.softmax(dim=-1, dtype=torch.float32).cumsum(dim=-1, dtype=torch.float64)
+    below_total = cdf[:, -1:] * (1 - 2**-52)  # the largest float64 under the total, or the one below it
+    u = torch.rand(below_total.shape, dtype=torch.float64, device=cdf.device).mul_(below_total)
+    return torch.searchsorted(cdf, u, right=True).view(-1)
 
 
 def _fused_noise(q: torch.Tensor) -> bool:

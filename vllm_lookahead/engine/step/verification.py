@@ -370,8 +370,9 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying])
         walking = [(items[w], node) for w, node in reached]
         processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
         rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking])
-        for (item, node), row in zip(walking, rows, strict=True):
-            item._sampling[node] = row  # the processed logprobs modes read it again
+        if sm.max_num_logprobs is not None:  # the processed logprobs modes read them again
+            for (item, node), row in zip(walking, rows, strict=True):
+                item._sampling[node] = row
         tokens = noise.sample_rows(rows, [sm.generators.get(item.tr.batch_index) for item, _ in walking])
         share = (time.perf_counter() - t0) / len(reached)
         for item, _ in walking:
