@@ -22,9 +22,9 @@ node, so one host synchronisation per emitted token.  Timed here, per vocabulary
 * ``walks_r<R>_d<L>`` / ``walks_seeded_r<R>_d<L>`` -- the same walk as the engine takes it
   (``engine/step/verification.py``, ``SamplerNoise.sample_rows``): per level one gather of the
   rows reached from the kept rows, each row's own temperature / top-k / top-p as tensors over
-  the rows, and the noise as vLLM's ``random_sample`` draws it -- one ``exponential_`` over
-  every row, then a row per request with its own generator (``seeded``: every request has one;
-  else none has) -- one read-back per level;
+  the rows, then (``seeded``: every request has a generator) the noise as vLLM's
+  ``random_sample`` draws it, a row per request from its own generator, or (no request has one)
+  each row by the inverse CDF (``sampler_noise.inverse_cdf``) -- one read-back per level;
 * ``noise_torch_r<R>`` / ``noise_fused_r<R>`` -- the noise of ``R`` seeded rows: ``R``
   ``exponential_`` calls, or one launch of the exponential-noise kernel
   (``kernels/exponential_noise.py``: torch's Philox counters computed in the kernel, each
@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from benchmarks.gpu.fixtures import cell, md_table, synchronize
+from vllm_lookahead.engine.step.sampler_noise import inverse_cdf
 from vllm_lookahead.kernels.exponential_noise import exponential_rows, matches_torch, take_offsets
 
 if TYPE_CHECKING:
@@ -121,19 +122,19 @@ def batched_walk(
 ) -> list[list[int]]:
     """The step's walks as the engine takes them: per level, the rows reached (indices into
     ``kept``, ``[rows, V]``; row ``i`` of level ``l`` belongs to request ``i``) gathered, each row's
-    temperature / top-k / top-p, softmax, vLLM's ``random_sample`` noise (one ``exponential_`` over
-    the rows unless every row has a generator, then each seeded row from its generator; ``fused``:
-    the seeded rows' noise in one launch of the exponential-noise kernel, as the engine draws it
-    on a GPU),
-    the argmax of every row, one read-back."""
+    temperature / top-k / top-p, then either (no row has a generator) each row's token by the
+    inverse CDF (``sampler_noise.inverse_cdf``) or (every row has one) softmax, each row's
+    ``random_sample`` noise from its generator (``fused``: in one launch of the exponential-noise
+    kernel, as the engine draws it on a GPU) and the argmax of every row; one read-back."""
     tokens = []
     for index in reached:
         mine = settings.of(torch.arange(len(index), device=kept.device))
-        logits = kept.index_select(0, index).div_(mine.temperature.unsqueeze(1))
-        probs = top_k_top_p(logits, mine.top_k, mine.top_p).softmax(dim=-1, dtype=torch.float32)
+        logits = top_k_top_p(kept.index_select(0, index).div_(mine.temperature.unsqueeze(1)), mine.top_k, mine.top_p)
+        if all(g is None for g in generators):  # no seeds: the inverse CDF, as the engine samples such rows
+            tokens.append(inverse_cdf(logits).tolist())
+            continue
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
         q = torch.empty_like(probs)
-        if any(g is None for g in generators):
-            q.exponential_()
         seeded = [i for i, g in enumerate(generators) if g is not None]
         if fused:
             rows = torch.tensor(seeded).to(q.device, non_blocking=True)

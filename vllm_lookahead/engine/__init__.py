@@ -16,7 +16,8 @@ One hub and four rooms:
                 vLLM's flat batch (``tree_batch.py``) -> the forward, draft rows under the tree mask
                 (``attention.py``) over the paged KV cache (``kv.py``, checked at start-up by
                 ``kv_layers.py``) -> verification (``verification.py``: the target distribution at
-                every node, ``target_dist.py``, sampled with vLLM's noise, ``sampler_noise.py``) and
+                every node, ``target_dist.py``, sampled with vLLM's noise or without a seed by the inverse
+                CDF, ``sampler_noise.py``) and
                 the accepted path's KV compaction (``kv.py``)
 ``propose/``    what the next step drafts: who may (``eligibility.py``, a request's own settings
                 ``request_overrides.py``, ``thinking_budget.py``), how much room (``room.py``), the
