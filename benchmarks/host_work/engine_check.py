@@ -8,15 +8,17 @@ vLLM engine on this machine, all at once -- the bundled model, lookahead with ``
 H100 budget of 8,192 tokens per step -- and keeps, step by step, what the plugin's own timers
 measured: the step's report (``propose_seconds``, ``verify_seconds``: what ``vllm:lookahead_propose_seconds`` and
 ``vllm:lookahead_verify_seconds`` export) and, timed here, its ``_prepare_inputs`` hook (the tree
-batch).  Then the engine's own completions are replayed (:mod:`.lookahead_replay`, steps back to
-back) at the same batch size with the same config, ``--rounds`` times, from the same first step
-(every prompt admitted whole) for ``--steps`` steps.  Only steps whose batch is full are compared
+batch).  Then the engine's own completions are replayed (:mod:`.lookahead_replay`) at the same batch
+size with the same config, ``--rounds`` times, from the same first step (every prompt admitted
+whole) for ``--steps`` steps: with a stand-in for the engine's forward where each step's forward
+goes (:func:`forward_stand_in`), as the engine's timers run after one, and again with the steps
+back to back.  Only steps whose batch is full are compared
 (at least 90 % of the requests decoding; the tree batch and verification: those of them that
 carried trees).  One wave: with more prompts than slots (``--requests``) the engine drops every
 draft on a step that can admit all waiting requests
 (:mod:`vllm_lookahead.engine.propose.admission`, a scheduler's policy the replay does not model) and
 its steps' work no longer matches the replay's.  ``agrees``: the engine's per-step p50 lies within
-the replay's per-step p10-p90 (pooled over its rounds).
+the replay's per-step p10-p90 (pooled over its rounds; the replay with the stand-in).
 
 Greedy only: the replay knows every tree node's target token from the engine's completions.  The
 engine's verification time includes vLLM's sampler over the roots and the argmax over the logits,
@@ -115,8 +117,25 @@ def serve(args: argparse.Namespace, prompts: list[list[int]]) -> tuple[list[Stre
     return streams, steps
 
 
-def replay(args: argparse.Namespace, streams: list[Stream]) -> list[list[dict[str, float]]]:
-    """Each round's measured steps of the replay of ``streams`` (phase seconds and requests decoding)."""
+def forward_stand_in(weight_bytes: int, rows: int) -> Callable[[], None]:
+    """A stand-in for the engine's forward on this CPU, run by the replay where each step's forward
+    goes: ``rows`` (the requests in flight) times a bf16 matrix the size of the model's weights, on
+    torch's threads as the forward's matmuls.  What it leaves behind for the plugin's work after it
+    (the caches refilled with weights) is what the engine's plugin timers run in; the replay's
+    steps back to back read ~1.25x less (``docs/results.md``)."""
+    import torch
+
+    k = max(int((weight_bytes / 2) ** 0.5), 1)
+    weights = torch.ones((k, k), dtype=torch.bfloat16)
+    x = torch.ones((rows, k), dtype=torch.bfloat16)
+    return lambda: torch.mm(x, weights)
+
+
+def replay(
+    args: argparse.Namespace, streams: list[Stream], between: Callable[[], None] | None = None
+) -> list[list[dict[str, float]]]:
+    """Each round's measured steps of the replay of ``streams`` (phase seconds and requests
+    decoding); ``between``: run where each step's forward goes."""
     from benchmarks.host_work.__main__ import engine_heap
     from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes
     from benchmarks.replay import replay_cost
@@ -125,6 +144,7 @@ def replay(args: argparse.Namespace, streams: list[Stream]) -> list[list[dict[st
     rounds = []
     for _ in range(args.rounds):
         cell = LookaheadReplay(streams, args.in_flight, json.loads(args.config), replay_cost("h100"), max_model_len)
+        cell.between = between
         times = StepTimes()
         with engine_heap():
             for _ in range(args.warmup):
@@ -142,6 +162,12 @@ def replay(args: argparse.Namespace, streams: list[Stream]) -> list[list[dict[st
             ]
         )
     return rounds
+
+
+def _weight_bytes() -> int:
+    from vllm_lookahead.models import prepare_default_model
+
+    return sum(f.stat().st_size for f in prepare_default_model().glob("*.safetensors"))
 
 
 def _full(steps: list[dict[str, float]], in_flight: int, trees: bool = False) -> list[dict[str, float]]:
@@ -209,10 +235,18 @@ def _markdown(result: dict) -> str:
         f"steps after {result['warmup']} ({', '.join(map(str, c['replay_steps']))} of them full-batch).",
         "",
         "ms per step, mean / p50 / p10 / p90 / p99, full-batch steps only (tree batch and verify: those "
-        "that carried trees); `agrees`: the engine's p50 within the replay's p10-p90",
+        "that carried trees); `agrees`: the engine's p50 within the replay's p10-p90.  The replay runs a stand-in "
+        "for the engine's forward where each step's forward goes (`forward_stand_in`: the batch times a bf16 "
+        "matrix the size of the model's weights)",
         "",
     ]
     lines += _table(c)
+    lines += [
+        "",
+        "The same replay with its steps back to back (no stand-in for the forward between them):",
+        "",
+        *_table(result["back_to_back"]),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     recorded = recorded_streams(args.recording)
     prompts = [list(recorded[i % len(recorded)].prompt) for i in range(args.requests or args.in_flight)]
     streams, engine_steps = serve(args, prompts)
-    rounds = replay(args, streams)
+    rounds = replay(args, streams, forward_stand_in(_weight_bytes(), args.in_flight))
+    back_to_back = replay(args, streams)
     env = environment()
     result = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -256,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": args.warmup,
         "engine_steps": engine_steps,
         "comparison": compare(engine_steps, rounds, args.in_flight),
+        "back_to_back": compare(engine_steps, back_to_back, args.in_flight),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))

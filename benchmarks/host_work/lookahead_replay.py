@@ -21,7 +21,8 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
 ``report``     :meth:`~RunnerLookahead.take_report`: the step's report for the scheduler
 
 What the device does is not here (``device_time``: the engine thread sleeps through each step's
-forward as the cost model prices it, between the attention and verify phases): the forward, each
+forward as the cost model prices it, between the attention and verify phases; ``between``, if set,
+runs there too: the engine check's stand-in for a forward on this CPU): the forward, each
 tree node's argmax and vLLM's sample at the roots (greedy: read off the recording, as greedy
 output does not depend on the drafts), the KV copies themselves.  Greedy, every emitted token is
 checked against the recording, so a replay that ran is an exact one.  Sampled (``temperature`` >
@@ -40,6 +41,7 @@ from __future__ import annotations
 import copy
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -191,6 +193,8 @@ class LookaheadReplay:
         # the engine thread waits through each step's forward as ``cost`` prices it (the interpreter
         # released, as while a GPU runs), rather than going straight to the next phase
         self.forward = copy.deepcopy(cost) if device_time else None
+        # run where the forward goes, on the engine thread (engine_check: what a CPU forward does to the caches)
+        self.between: Callable[[], None] | None = None
         _compile_loops(state.config)
         self._sm = SimpleNamespace(
             all_greedy=not sampled,
@@ -275,6 +279,8 @@ class LookaheadReplay:
         lap("attention", t)
         if self.forward is not None:
             self._wait_forward(total, batch, times)
+        if self.between is not None:
+            self.between()
 
         roots = self._roots()  # vLLM's sample at every root (the device's)
         outputs: list[list[int]] = [[r] for r in roots]

@@ -96,6 +96,9 @@ loop = [11, 12, 13, 14, 15, 16, 17, 18]
 streams = [Stream(tuple(loop * 3 + [k]), tuple((loop * 8)[k : k + 40])) for k in range(6)]
 replay = LookaheadReplay(streams, 4, {}, step_cost(H100), 256, device_time=True)
 built_ahead, start = [], replay.state.builds.start
+from benchmarks.host_work.engine_check import forward_stand_in
+stand_in, between = forward_stand_in(2 * 16 * 16, 4), []
+replay.between = lambda: between.append(stand_in().shape)  # where each step's forward goes
 replay.state.builds.start = lambda req_id, build: (built_ahead.append(req_id), start(req_id, build))
 times = StepTimes()
 for _ in range(60):  # every emitted token is checked against the recording (AssertionError otherwise)
@@ -114,6 +117,7 @@ json.dump({
     "phases": {p: len(times.seconds[p]) for p in PHASES}, "positive": bool((times.totals() > 0).all()),
     "collector": [len(times.collector), min(times.collector), bool((times.totals() >= times.collector).all())],
     "built_ahead": len(built_ahead), "stalls": [len(times.stall), min(times.stall)],
+    "between": [len(between), list(between[0])],
     "ngram_steps": len(seconds), "ngram_drafted": ngram[0], "ngram_emitted": ngram[1],
     "sampled_drafted": sum(drawn.draft_tokens), "sampled_emitted": sum(drawn.emitted),
     "sampled_decoding": sum(drawn.decoding), "sampled_verify_s": sum(drawn.seconds["verify"]),
@@ -135,6 +139,7 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     assert got["collector"][0] == 60 and got["collector"][1] >= 0 and got["collector"][2]  # GC: within the phases
     # requests admitted while the engine drafts: their states were built while their prompts ran
     assert got["built_ahead"] > 0 and got["stalls"][0] == 60 and got["stalls"][1] >= 0
+    assert got["between"] == [60, [4, 16]]  # the engine check's stand-in, once per step
     assert got["ngram_steps"] == 30 and got["ngram_drafted"] > 0 and got["ngram_emitted"] > 30 * 4 * 0.5
     # sampled: trees walked with the sampler's noise, some of their tokens accepted
     assert got["sampled_drafted"] > 0 and got["sampled_emitted"] > got["sampled_decoding"] > 0
