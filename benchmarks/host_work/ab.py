@@ -45,6 +45,8 @@ def _worker(args: argparse.Namespace) -> None:
     if not Path(vllm_lookahead.__file__).resolve().is_relative_to(tree):
         raise SystemExit(f"vllm_lookahead came from {vllm_lookahead.__file__}, not {tree}")
     sys.path.remove(str(tree))
+    import torch
+
     from benchmarks.host_work.__main__ import engine_heap
     from benchmarks.host_work.lookahead_replay import PHASES, LookaheadReplay, StepTimes, fix_prices
     from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS
@@ -64,6 +66,7 @@ def _worker(args: argparse.Namespace) -> None:
         device_time=args.device_time,
     )
     fix_prices(replay)
+    torch.manual_seed(0)  # sampled cells: every run draws the same tokens (torch's global stream)
     times = StepTimes()
     with engine_heap():
         for _ in range(args.warmup):

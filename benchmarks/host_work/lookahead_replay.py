@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -52,6 +52,9 @@ import torch
 from benchmarks.host_work.sampled_model import PeakedModel, compact
 from benchmarks.host_work.served import MAX_NUM_BATCHED_TOKENS, ServedBatch
 from benchmarks.host_work.streams import Stream
+
+if TYPE_CHECKING:
+    from vllm_lookahead.engine.step.verification import KeptRows
 
 PHASES = ("update", "tree batch", "attention", "verify", "propose", "report")
 BLOCK_SIZE = 16
@@ -345,18 +348,22 @@ class LookaheadReplay:
         rows = torch.cat([self._model.rows(s.stream.output, np.array([s.emitted])) for s in slots])
         return self._noise.sample_rows(rows / self._sm.temperature[: len(slots), None], [None] * len(slots))
 
-    def _tree_outputs(self, batch: Any) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-        """Every tree node's argmax (``tree_logit_rows`` order) and, sampled, each tree request's
-        rows (its verification reads them)."""
+    def _tree_outputs(self, batch: Any) -> tuple[np.ndarray, KeptRows | None]:
+        """Every tree node's argmax (``tree_logit_rows`` order) and, sampled, the tree requests'
+        rows (their verification reads them), one tensor as the engine's gather makes it."""
+        from vllm_lookahead.engine.step.verification import KeptRows
+
         if self._model is None:
-            return self._tree_argmax(batch), {}
-        argmax, kept = [], {}
+            return self._tree_argmax(batch), None
+        argmax, rows, blocks, at = [], [], {}, 0
         for tr in batch.requests:
             slot = self.served.slots[tr.batch_index]
             positions = slot.emitted + tr.tree.depths[tr.logit_nodes]
             argmax.append([self._model.said(slot.stream.output, int(p)) for p in positions])
-            kept[tr.req_id] = self._model.rows(slot.stream.output, positions)
-        return np.concatenate(argmax).astype(np.int64), kept
+            rows.append(self._model.rows(slot.stream.output, positions))
+            blocks[tr.req_id] = (at, len(positions))
+            at += len(positions)
+        return np.concatenate(argmax).astype(np.int64), KeptRows(torch.cat(rows), blocks)
 
     def _tree_argmax(self, batch: Any) -> np.ndarray:
         """What the target model says at every tree node with logits (``tree_logit_rows`` order):

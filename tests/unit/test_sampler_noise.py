@@ -156,3 +156,52 @@ def test_a_pass_of_seeded_and_unseeded_rows_puts_each_token_in_its_row(noise):
     alone = [noise.sample(logits[i : i + 1], torch.Generator().manual_seed(s)) for i, s in enumerate(seeds) if s]
     assert [together[i] for i, s in enumerate(seeds) if s] == alone
     assert [together[row] for row in forced] == list(forced.values())
+
+
+def test_walks_gather_a_position_s_rows_from_the_kept_rows_as_stacking_them_does():
+    """Where every walking request's rows are a block of the step's kept rows, a position's rows
+    are one gather from them: the same paths and tokens, and the same draws from each seeded
+    request's generator, as stacking each request's rows."""
+    from vllm_lookahead.core import TreeBuilder
+    from vllm_lookahead.engine.step.verification import KeptRows, _Verifying, _walk_together
+
+    torch.manual_seed(3)
+    trees, rows, blocks, at = [], [], {}, 0
+    for i in range(3):
+        tokens = torch.randint(0, VOCAB, (6,)).tolist()
+        b = TreeBuilder(tokens[0])
+        b.add_chain(0, tokens[1:], True, merge=True)
+        b.add_chain(0, [tokens[1], (tokens[2] + 1) % VOCAB, tokens[3]], True, merge=True)
+        tree = b.build()
+        mine = torch.randn(tree.size, VOCAB)
+        mine[torch.arange(tree.size - 1), torch.tensor(tree.tokens[1:].tolist())] += 6.0  # drafts mostly accepted
+        trees.append(tree)
+        rows.append(mine)
+        blocks[f"r{i}"] = (at, tree.size)
+        at += tree.size
+    kept = KeptRows(torch.cat(rows), blocks)
+
+    def walk(gathered: bool) -> tuple[list, list]:
+        torch.manual_seed(7)  # request 1 has no seed: the global stream
+        generators = {0: torch.Generator().manual_seed(11), 2: torch.Generator().manual_seed(12)}
+        sm = SimpleNamespace(
+            temperature=TEMPERATURE.view(-1), top_k=TOP_K, top_p=TOP_P, generators=generators, max_num_logprobs=None
+        )
+        items = [
+            _Verifying(
+                tr=SimpleNamespace(tree=tree, logit_nodes=tree.logit_rows(), batch_index=i, req_id=f"r{i}"),
+                rows=kept.of(f"r{i}"),
+                argmax=None,
+                greedy=False,
+                processed=kept.of(f"r{i}", float32=True),
+                root_token=int(tree.tokens[1]),
+                first_row=blocks[f"r{i}"][0] if gathered else None,
+            )
+            for i, tree in enumerate(trees)
+        ]
+        _walk_together(SamplerNoise("exponential"), sm, items, kept)
+        return [(item.path.tolist(), item.last) for item in items], [g.get_state() for g in generators.values()]
+
+    (paths, states), (stacked_paths, stacked_states) = walk(True), walk(False)
+    assert paths == stacked_paths and sum(len(p) for p, _ in paths) >= 3
+    assert all(torch.equal(a, b) for a, b in zip(states, stacked_states))

@@ -148,7 +148,7 @@ def verify_trees(
     sm: Any,
     batch: TreeBatch,
     plans: list[_Plan],
-    kept: dict[str, torch.Tensor],
+    kept: KeptRows | None,
     tree_argmax: np.ndarray,
     root_tokens: list[int],
     noise: SamplerNoise | None,
@@ -165,12 +165,10 @@ def verify_trees(
         argmax = np.full(tr.num_nodes, -1, dtype=np.int64)
         argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
         t0 = time.perf_counter()
-        items.append(
-            _prepare(sm, tr, plan, kept.get(tr.req_id), argmax, root_tokens[tr.batch_index], walks=noise is not None)
-        )
+        items.append(_prepare(sm, tr, plan, kept, argmax, root_tokens[tr.batch_index], walks=noise is not None))
         items[-1].seconds += time.perf_counter() - t0
         cursor += k
-    _walk_together(noise, sm, [item for item in items if item.path is None])
+    _walk_together(noise, sm, [item for item in items if item.path is None], kept)
 
     outputs: list[list[int]] = [[t] for t in root_tokens]
     outcomes: dict[str, StepOutcome] = {}
@@ -224,6 +222,7 @@ class _Verifying:
     greedy: bool
     processed: torch.Tensor | None  # its rows after steps 1-5 of target_dist (None: nothing to apply)
     root_token: int  # vLLM's own sample after the root
+    first_row: int | None = None  # where ``processed`` is a block of the step's kept rows in float32: its first row
     path: np.ndarray | None = None  # the accepted node ids, depth 1 down (None: its walk is still to come)
     last: int = -1  # the token after them (bonus or residual sample)
     seconds: float = 0.0  # host time spent on it (its rows, its target distribution, the greedy match)
@@ -290,9 +289,33 @@ def _plan(state: Any, sm: Any, tr: Any) -> _Plan:
     return _Plan(greedy, min_tokens, process, not greedy or process or sm.max_num_logprobs is not None, output)
 
 
-def _kept_rows(logits: torch.Tensor, batch: TreeBatch, plans: list[_Plan]) -> dict[str, torch.Tensor]:
-    """Per tree request whose plan reads its rows: a copy of them (one gather for all such
-    requests); a greedy request verified by its argmax alone needs none."""
+@dataclass
+class KeptRows:
+    """The logit rows of a step's tree requests whose plans read more than their argmax: one
+    tensor (one gather on the device), each request's rows a block of it."""
+
+    rows: torch.Tensor
+    blocks: dict[str, tuple[int, int]]  # request id -> (its first row, its row count)
+    _float32: torch.Tensor | None = None
+
+    def of(self, req_id: str, float32: bool = False) -> torch.Tensor | None:
+        """The request's rows (None if not kept), as the forward returned them or in float32 (the
+        whole tensor converted once, the first time it is asked for)."""
+        block = self.blocks.get(req_id)
+        if block is None:
+            return None
+        rows = self.float32() if float32 else self.rows
+        return rows[block[0] : block[0] + block[1]]
+
+    def float32(self) -> torch.Tensor:
+        if self._float32 is None:
+            self._float32 = self.rows.to(torch.float32)
+        return self._float32
+
+
+def _kept_rows(logits: torch.Tensor, batch: TreeBatch, plans: list[_Plan]) -> KeptRows | None:
+    """The rows of the tree requests whose plans read them (one gather for all); a greedy request
+    verified by its argmax alone needs none."""
     spans, cursor = [], 0
     for tr, plan in zip(batch.requests, plans, strict=True):
         k = len(tr.logit_nodes)
@@ -300,26 +323,27 @@ def _kept_rows(logits: torch.Tensor, batch: TreeBatch, plans: list[_Plan]) -> di
             spans.append((tr.req_id, cursor, k))
         cursor += k
     if not spans:
-        return {}
+        return None
     index = np.concatenate([batch.tree_logit_rows[start : start + k] for _, start, k in spans])
-    copy = logits[torch.from_numpy(index).to(logits.device)]
-    out, at = {}, 0
+    blocks, at = {}, 0
     for req_id, _, k in spans:
-        out[req_id] = copy[at : at + k]
+        blocks[req_id] = (at, k)
         at += k
-    return out
+    return KeptRows(logits[torch.from_numpy(index).to(logits.device)], blocks)
 
 
 def _prepare(
-    sm: Any, tr: Any, plan: _Plan, rows: torch.Tensor | None, argmax: np.ndarray, root_token: int, walks: bool
+    sm: Any, tr: Any, plan: _Plan, kept: KeptRows | None, argmax: np.ndarray, root_token: int, walks: bool
 ) -> _Verifying:
     """One tree request's target distribution, and its path where it needs no walk: greedy ones
     (longest match with the target's argmax) and, where the sampler's noise cannot be mirrored
     (``walks`` False), random ones (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`).
-    ``rows``: its logit rows as the forward returned them (None where ``plan.rows`` is False)."""
+    Its logit rows come from ``kept`` (none where ``plan.rows`` is False)."""
     i = tr.batch_index
     greedy = plan.greedy
+    rows = kept.of(tr.req_id) if kept is not None else None
     processed = None
+    first_row = None
     if plan.process:
         assert rows is not None
         node_rows = target_dist.NodeRows(
@@ -327,9 +351,11 @@ def _prepare(
         )
         processed = target_dist.processed_logits(rows, node_rows, sm, plan.output, plan.min_tokens)
     elif not greedy:
-        assert rows is not None
-        processed = rows.to(torch.float32)  # nothing but temperature and top-k/top-p to apply
-    item = _Verifying(tr, rows, argmax, greedy, processed, root_token)
+        assert kept is not None and rows is not None
+        # nothing but temperature and top-k/top-p to apply
+        processed = rows if rows.dtype == torch.float32 else kept.of(tr.req_id, float32=True)
+        first_row = kept.blocks[tr.req_id][0]
+    item = _Verifying(tr, rows, argmax, greedy, processed, root_token, first_row)
     if greedy:
         target = argmax
         if processed is not None:
@@ -352,7 +378,7 @@ def _prepare(
     return item
 
 
-def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying]) -> None:
+def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying], kept: KeptRows | None) -> None:
     """The random requests' paths, coupled to vLLM's sampler noise
     (:func:`~vllm_lookahead.core.sampling.coupled_walks`): the root's token is the one vLLM's
     sampler drew, each accepted node's next token drawn with the noise that sampler would draw
@@ -360,15 +386,22 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying])
     position over every walk still going, its time shared among their requests.  That time is each
     request's ``sampling_seconds``, apart from its other verification: every pass samples a token
     that vLLM's sampler would sample in a later step without speculation, so it is a price per
-    accepted token, not per tree (:meth:`~vllm_lookahead.engine.propose.step_timing.StepTiming.token_seconds`)."""
+    accepted token, not per tree (:meth:`~vllm_lookahead.engine.propose.step_timing.StepTiming.token_seconds`).
+    Where every walking request's rows are a block of the step's kept rows (nothing but temperature
+    and top-k/top-p to apply), a position's rows are one gather from them."""
     if not items:
         return
     assert noise is not None
+    shared = kept.float32() if kept is not None and all(item.first_row is not None for item in items) else None
 
     def sample_after(reached: list[tuple[int, int]]) -> list[int]:
         t0 = time.perf_counter()
         walking = [(items[w], node) for w, node in reached]
-        processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
+        if shared is not None:
+            index = [item.first_row + item.row_of(node) for item, node in walking]  # type: ignore[operator]
+            processed = shared.index_select(0, torch.tensor(index, dtype=torch.int64).to(shared.device))
+        else:
+            processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
         rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking])
         if sm.max_num_logprobs is not None:  # the processed logprobs modes read them again
             for (item, node), row in zip(walking, rows, strict=True):
