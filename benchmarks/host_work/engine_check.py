@@ -122,7 +122,7 @@ def forward_stand_in(weight_bytes: int, rows: int) -> Callable[[], None]:
     goes: ``rows`` (the requests in flight) times a bf16 matrix the size of the model's weights, on
     torch's threads as the forward's matmuls.  What it leaves behind for the plugin's work after it
     (the caches refilled with weights) is what the engine's plugin timers run in; the replay's
-    steps back to back read ~1.25x less (``docs/results.md``)."""
+    steps back to back read ~1.3x less (``docs/results.md``)."""
     import torch
 
     k = max(int((weight_bytes / 2) ** 0.5), 1)
