@@ -25,6 +25,9 @@ node, so one host synchronisation per emitted token.  Timed here, per vocabulary
   the rows, then (``seeded``: every request has a generator) the noise as vLLM's
   ``random_sample`` draws it, a row per request from its own generator, or (no request has one)
   each row by the inverse CDF (``sampler_noise.inverse_cdf``) -- one read-back per level;
+* ``walks_ahead_r<R>_d<L>`` -- the walks without seeds as the engine mostly takes them
+  (``verification._draw_ahead``): the rows of all ``L`` levels (the nodes reached through the
+  target's argmax) gathered and sampled by the inverse CDF in one pass, one read-back;
 * ``noise_torch_r<R>`` / ``noise_fused_r<R>`` -- the noise of ``R`` seeded rows: ``R``
   ``exponential_`` calls, or one launch of the exponential-noise kernel
   (``kernels/exponential_noise.py``: torch's Philox counters computed in the kernel, each
@@ -279,11 +282,13 @@ def measure(vocab: int, name: str, filtered: bool, device: torch.device, smoke: 
         rows = torch.randn((int(rest[1:]), vocab), device=device, generator=rng) * 4
         g = generator(device, 1)
         fn = lambda: walk(rows, g, filtered)
-    elif kind == "walks":
-        seeded = rest.startswith("seeded_")
-        requests, levels = (int(part[1:]) for part in rest.removeprefix("seeded_").split("_"))
+    elif kind == "walks":  # walks[_seeded|_ahead]_r<R>_d<L>
+        seeded, drawn_ahead = rest.startswith("seeded_"), rest.startswith("ahead_")
+        requests, levels = (int(part[1:]) for part in rest.split("_")[-2:])
         kept = torch.randn((levels * requests, vocab), device=device, generator=rng) * 4
         reached = [torch.arange(requests, device=device) + level * requests for level in range(levels)]
+        if drawn_ahead:  # every level's rows in one pass
+            reached, requests = [torch.cat(reached)], levels * requests
         row_settings = RowSettings.uniform(requests, filtered, device)
         gens = [generator(device, i) if seeded else None for i in range(requests)]
         fn = lambda: batched_walk(kept, reached, row_settings, gens)
@@ -325,7 +330,15 @@ def measure(vocab: int, name: str, filtered: bool, device: torch.device, smoke: 
 
 def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
     if smoke:  # every kind of case once, small
-        return (4096,), ("vllm_b1", "walk_k2", "ahead_n8_d4", "level_r8_d2", "walks_r8_d2", "walks_seeded_r8_d2")
+        return (4096,), (
+            "vllm_b1",
+            "walk_k2",
+            "ahead_n8_d4",
+            "level_r8_d2",
+            "walks_r8_d2",
+            "walks_ahead_r8_d2",
+            "walks_seeded_r8_d2",
+        )
     vocabs = (49152, 128256)
     names = (
         "vllm_b1",
@@ -340,6 +353,9 @@ def cases(smoke: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
         "level_r32_d2",
         "walks_r8_d2",
         "walks_r32_d2",
+        "walks_r32_d4",
+        "walks_ahead_r32_d2",
+        "walks_ahead_r32_d4",
         "walks_seeded_r32_d2",
         "walks_r128_d2",
         "walks_r256_d2",

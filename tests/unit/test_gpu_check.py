@@ -68,7 +68,13 @@ def test_cpu_smoke_runs_every_part_without_vllm_or_pydantic(smoke):
         and r["batched_walk_equals_walks"]
         for r in sampling["exactness"]
     )
-    assert {r["case"] for r in sampling["cost"]} >= {"vllm_b1", "walk_k2", "ahead_n8_d4", "walks_seeded_r8_d2"}
+    assert {r["case"] for r in sampling["cost"]} >= {
+        "vllm_b1",
+        "walk_k2",
+        "ahead_n8_d4",
+        "walks_seeded_r8_d2",
+        "walks_ahead_r8_d2",
+    }
     assert {(r["batch"], r["tokens"]) for r in raw["parts"]["batches"]["tables"]["forward"]} == {(3, 1), (3, 4)}
     md = (out / "gpu_check.md").read_text()
     assert "**Exactness: every case run passed**" in md and "| T per request |" in md and "| kernel/causal |" in md

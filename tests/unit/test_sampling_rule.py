@@ -20,6 +20,7 @@ from support.stats import compare_samples, sequence_histograms
 from support.wrong_rules import WRONG_RULES
 from vllm_lookahead.core import TreeBuilder
 from vllm_lookahead.core.sampling import (
+    Forest,
     child_carrying,
     children_with_logits,
     coupled_walk,
@@ -106,7 +107,7 @@ def test_a_round_s_children_looked_up_for_every_walk_at_once_are_child_carrying_
     trees = [random_tree(rng, int(rng.integers(VOCAB)), size) for size in sizes]
     queries = [(w, node, token) for w, t in enumerate(trees) for node in range(t.size) for token in range(VOCAB)]
     walk, node, token = (np.array(column, dtype=np.int64) for column in zip(*queries))
-    found = _FirstChildren(trees).of(walk, node, token).tolist()
+    found = _FirstChildren(Forest(trees)).of(walk, node, token).tolist()
     expected = [child_carrying(trees[w], n, t) for w, n, t in queries]
     assert found == [-1 if c is None else c for c in expected]
 
@@ -278,9 +279,75 @@ def test_walks_taken_together_are_the_walks_taken_alone(seed, walks):
     assert sum(len(r) for r in rounds) == sum(len(p) for p, _ in alone)  # one draw per accepted node
 
 
-@pytest.mark.parametrize("name", ["the rule", "the coupled rule", *WRONG_RULES])
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10_000), sizes=st.lists(st.integers(1, 20), min_size=1, max_size=5))
+def test_followed_nodes_are_those_reached_through_each_parent_s_next_token(seed, sizes):
+    """:meth:`Forest.followed`: node by node in each tree, a node is reached iff it has logits,
+    carries its parent's next token and its parent is reached (roots are)."""
+    rng = np.random.default_rng(seed)
+    trees = [random_tree(rng, int(rng.integers(VOCAB)), size) for size in sizes]
+    forest = Forest(trees)
+    next_token = rng.integers(0, VOCAB, forest.size)
+    expected = []
+    for w, tree in enumerate(trees):
+        mine = next_token[forest.offsets[w] : forest.offsets[w] + tree.size]
+        reached = [True]
+        for node in range(1, tree.size):
+            parent = int(tree.parents[node])
+            reached.append(bool(tree.logits[node]) and reached[parent] and int(tree.tokens[node]) == mine[parent])
+        expected += reached
+    assert forest.followed(next_token).tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), walks=st.integers(1, 6))
+def test_walks_take_the_tokens_drawn_ahead_and_ask_for_the_others_only(seed, walks):
+    """With ``drawn`` holding, at some nodes, the token the sampler gives there, the walks are
+    those without it, and ``sample_after`` is asked exactly for the reached nodes not drawn."""
+    rng = np.random.default_rng(seed)
+    trees = [random_tree(rng, int(rng.integers(VOCAB)), int(rng.integers(1, 14))) for _ in range(walks)]
+    forest = Forest(trees)
+    table = rng.integers(0, VOCAB, forest.size)  # the token the sampler gives after each node
+    walked = list(zip(trees, rng.integers(0, VOCAB, walks).tolist()))
+    asked: list[tuple[int, int]] = []
+
+    def sample_after(reached):
+        asked.extend(reached)
+        return [int(table[forest.offsets[w] + node]) for w, node in reached]
+
+    alone = coupled_walks(walked, sample_after)
+    reached = set(asked)
+    asked.clear()
+    drawn = np.where(rng.random(forest.size) < 0.5, table, -1)
+    ahead = coupled_walks(walked, sample_after, forest, drawn)
+    assert [(p.tolist(), t) for p, t in ahead] == [(p.tolist(), t) for p, t in alone]
+    assert sorted(asked) == sorted((w, n) for w, n in reached if drawn[forest.offsets[w] + n] < 0)
+
+
+def coupled_rule_drawing_ahead(tree: DraftTree, probs: Callable[[int], np.ndarray], uniform: Callable[[], float]):
+    """The coupled walk with tokens drawn before it, each with noise of its own, at every node
+    reached through the most likely tokens (the root's own token sampled first), as the engine
+    does for requests without a seed."""
+    first = gumbel_max(probs(0), uniform)
+    forest = Forest([tree])
+    likeliest = np.array([int(np.argmax(probs(node))) if tree.logits[node] else -1 for node in range(tree.size)])
+    likeliest[0] = first
+    drawn = np.full(tree.size, -1, dtype=np.int64)
+    for node in np.flatnonzero(forest.followed(likeliest))[1:].tolist():
+        drawn[node] = gumbel_max(probs(node), uniform)
+    [walk] = coupled_walks(
+        [(tree, first)], lambda reached: [gumbel_max(probs(n), uniform) for _, n in reached], forest, drawn
+    )
+    return walk
+
+
+@pytest.mark.parametrize("name", ["the rule", "the coupled rule", "the coupled rule drawing ahead", *WRONG_RULES])
 def test_the_chi_square_harness_accepts_the_rule_and_rejects_wrong_ones(name):
-    rules = {"the rule": tree_speculative_sample, "the coupled rule": coupled_rule}
+    rules = {
+        "the rule": tree_speculative_sample,
+        "the coupled rule": coupled_rule,
+        "the coupled rule drawing ahead": coupled_rule_drawing_ahead,
+    }
     rule, should_pass = (rules[name], True) if name in rules else (WRONG_RULES[name], False)
     model = TableModel(seed=3)
     context = (1, 2)

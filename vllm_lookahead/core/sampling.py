@@ -129,7 +129,10 @@ def coupled_walk(tree: DraftTree, first_token: int, sample_after: Callable[[int]
 
 
 def coupled_walks(
-    walks: Sequence[tuple[DraftTree, int]], sample_after: Callable[[list[tuple[int, int]]], Sequence[int]]
+    walks: Sequence[tuple[DraftTree, int]],
+    sample_after: Callable[[list[tuple[int, int]]], Sequence[int]],
+    forest: Forest | None = None,
+    drawn: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, int]]:
     """:func:`coupled_walk` of several trees (``(tree, first_token)`` each) taken a position at
     a time: each round, every walk still going moves to its child carrying its token, and the
@@ -138,8 +141,16 @@ def coupled_walks(
     a walk whose noise comes from its own generator advances it exactly as alone; the rounds
     let the walks of a step share each sampling call (one pass over their rows, one read-back),
     and a round's children are looked up for every walk at once (:class:`_FirstChildren`).
+
+    ``drawn`` (over ``forest``: the walks' trees end to end, in walk order; -1 where none): tokens
+    sampled before the walks at some nodes, each from that node's distribution with a draw of its
+    own; a walk reaching such a node takes its token instead of asking ``sample_after``.  Exact in
+    distribution where the draws are independent and identically distributed -- a reached node's
+    token is a fresh sample of its distribution whatever was drawn elsewhere -- so not for a walk
+    whose draws must come from its own generator, one per emitted token in order (a seeded request).
     """
-    children = _FirstChildren([tree for tree, _ in walks])
+    forest = forest if forest is not None else Forest([tree for tree, _ in walks])
+    children = _FirstChildren(forest)
     tokens = np.fromiter((int(first) for _, first in walks), dtype=np.int64, count=len(walks))
     nodes = np.zeros(len(walks), dtype=np.int64)
     paths: list[list[int]] = [[] for _ in walks]
@@ -151,11 +162,49 @@ def coupled_walks(
         if not going.size:
             break
         nodes[going] = child
-        moved = going.tolist()
-        for w, node in zip(moved, child.tolist()):
+        for w, node in zip(going.tolist(), child.tolist()):
             paths[w].append(node)
-        tokens[going] = sample_after(list(zip(moved, child.tolist())))
+        ask = going
+        if drawn is not None:
+            known = drawn[forest.offsets[going] + child]
+            tokens[going] = known
+            ask, child = going[known < 0], child[known < 0]
+        if ask.size:
+            tokens[ask] = sample_after(list(zip(ask.tolist(), child.tolist())))
     return [(np.asarray(path, dtype=np.int64), int(token)) for path, token in zip(paths, tokens.tolist())]
+
+
+class Forest:
+    """Several trees as one set of arrays: node ``i`` of tree ``w`` at ``offsets[w] + i``."""
+
+    def __init__(self, trees: Sequence[DraftTree]) -> None:
+        sizes = np.fromiter((t.size for t in trees), dtype=np.int64, count=len(trees))
+        self.offsets = np.cumsum(sizes) - sizes
+        self.walk = np.repeat(np.arange(len(trees), dtype=np.int64), sizes)  # each node's tree
+        self.node = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(self.offsets, sizes)  # its id there
+        empty = np.zeros(0, dtype=np.int64)
+        self.parents = np.concatenate([t.parents for t in trees]).astype(np.int64) if trees else empty
+        self.tokens = np.concatenate([t.tokens for t in trees]) if trees else empty
+        self.logits = np.concatenate([t.logits for t in trees]) if trees else empty.astype(bool)
+
+    @property
+    def size(self) -> int:
+        return int(self.node.shape[0])
+
+    def followed(self, next_token: np.ndarray) -> np.ndarray:
+        """bool per node: reached from its root through nodes with logits, each carrying its
+        parent's ``next_token`` (per node; for instance the target's argmax, a root's the token
+        sampled after it) -- the nodes a walk reaches while the token drawn at every node it
+        reaches is that node's ``next_token``.  Roots included."""
+        root = self.node == 0
+        parent = np.where(root, 0, self.parents) + self.offsets[self.walk]
+        steps = ~root & self.logits & (self.tokens == next_token[parent])
+        reached = root
+        while True:  # one level deeper per pass
+            further = root | (steps & reached[parent])
+            if np.array_equal(further, reached):
+                return reached
+            reached = further
 
 
 class _FirstChildren:
@@ -165,16 +214,11 @@ class _FirstChildren:
 
     _NODE, _WALK = 24, 44  # a key: walk << 44 | parent << 24 | token (tokens < 2**24, nodes < 2**20)
 
-    def __init__(self, trees: Sequence[DraftTree]) -> None:
-        sizes = np.fromiter((t.size for t in trees), dtype=np.int64, count=len(trees))
-        walk = np.repeat(np.arange(len(trees), dtype=np.int64), sizes)
-        node = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        keep = np.concatenate([t.logits for t in trees]) & (node > 0) if trees else np.zeros(0, dtype=bool)
-        parents = np.concatenate([t.parents for t in trees]).astype(np.int64) if trees else node
-        tokens = np.concatenate([t.tokens for t in trees]) if trees else node
-        keys = self._key(walk[keep], parents[keep], tokens[keep])
+    def __init__(self, forest: Forest) -> None:
+        keep = forest.logits & (forest.node > 0)
+        keys = self._key(forest.walk[keep], forest.parents[keep], forest.tokens[keep])
         self._keys, first = np.unique(keys, return_index=True)  # first: the key's first occurrence (node order)
-        self._children = node[keep][first]
+        self._children = forest.node[keep][first]
 
     @classmethod
     def _key(cls, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
