@@ -16,7 +16,8 @@ we instead:
    coupled to the noise vLLM's sampler draws per token (:mod:`.sampler_noise`; the root's
    token is vLLM's own sample), so a seeded request emits the tokens vLLM emits without
    speculation, the step's walks taken a position at a time (one sampling pass per position
-   over every request still walking) -- or, for sampler implementations without such noise, SpecInfer's
+   over every request still walking; requests without a seed draw the nodes along the target's
+   argmax in one pass before, :func:`_draw_ahead`) -- or, for sampler implementations without such noise, SpecInfer's
    multi-candidate rule (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`);
    both exact in distribution;
 3. move the accepted path's KV into the slots right after the root
