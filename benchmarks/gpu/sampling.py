@@ -26,7 +26,7 @@ node, so one host synchronisation per emitted token.  Timed here, per vocabulary
   ``random_sample`` draws it, a row per request from its own generator, or (no request has one)
   each row by the inverse CDF (``sampler_noise.inverse_cdf``) -- one read-back per level;
 * ``walks_ahead_r<R>_d<L>`` -- the walks without seeds as the engine mostly takes them
-  (``verification._draw_ahead``): the rows of all ``L`` levels (the nodes reached through the
+  (``verification._ahead``): the rows of all ``L`` levels (the nodes reached through the
   target's argmax) gathered and sampled by the inverse CDF in one pass, one read-back;
 * ``noise_torch_r<R>`` / ``noise_fused_r<R>`` -- the noise of ``R`` seeded rows: ``R``
   ``exponential_`` calls, or one launch of the exponential-noise kernel

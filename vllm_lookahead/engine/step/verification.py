@@ -17,7 +17,7 @@ we instead:
    token is vLLM's own sample), so a seeded request emits the tokens vLLM emits without
    speculation, the step's walks taken a position at a time (one sampling pass per position
    over every request still walking; requests without a seed draw the nodes along the target's
-   argmax in one pass before, :func:`_draw_ahead`) -- or, for sampler implementations without such noise, SpecInfer's
+   argmax in one pass before, :func:`_ahead`) -- or, for sampler implementations without such noise, SpecInfer's
    multi-candidate rule (:func:`~vllm_lookahead.core.sampling.tree_speculative_sample`);
    both exact in distribution;
 3. move the accepted path's KV into the slots right after the root
@@ -42,7 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -395,12 +395,14 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying],
     assert noise is not None
     shared = kept.float32() if kept is not None and all(item.first_row is not None for item in items) else None
 
-    def sample_after(reached: list[tuple[int, int]]) -> list[int]:
+    def sample_after(reached: list[tuple[int, int]], index: np.ndarray | None = None) -> list[int]:
+        """The tokens after ``reached`` ``(walk, node)`` pairs (``index``: their rows in ``shared``)."""
         t0 = time.perf_counter()
         walking = [(items[w], node) for w, node in reached]
         if shared is not None:
-            index = [item.first_row + item.row_of(node) for item, node in walking]  # type: ignore[operator]
-            processed = shared.index_select(0, torch.tensor(index, dtype=torch.int64).to(shared.device))
+            if index is None:
+                index = np.array([item.first_row + item.row_of(node) for item, node in walking], dtype=np.int64)
+            processed = shared.index_select(0, torch.from_numpy(index).to(shared.device))
         else:
             processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
         rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking])
@@ -414,34 +416,37 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying],
         return tokens
 
     forest = Forest([item.tr.tree for item in items])
-    drawn = _draw_ahead(forest, sm, items, sample_after)
+    ahead = _ahead(forest, sm, items)
+    drawn = None
+    if ahead.size:
+        drawn = np.full(forest.size, -1, dtype=np.int64)
+        walk, index = forest.walk[ahead], None
+        if shared is not None:  # their rows in ``shared``: the tree's first row + the node's rank among its logit nodes
+            rank = np.cumsum(forest.logits) - 1
+            first = np.fromiter((item.first_row for item in items), dtype=np.int64, count=len(items))
+            index = first[walk] + rank[ahead] - rank[forest.offsets[walk]]
+        drawn[ahead] = sample_after(list(zip(walk.tolist(), forest.node[ahead].tolist())), index)
     walked = coupled_walks([(item.tr.tree, item.root_token) for item in items], sample_after, forest, drawn)
     for item, (path, last) in zip(items, walked, strict=True):
         item.path, item.last = path, int(last)
 
 
-def _draw_ahead(
-    forest: Forest, sm: Any, items: list[_Verifying], sample: Callable[[list[tuple[int, int]]], list[int]]
-) -> np.ndarray | None:
-    """Tokens drawn before the walks (``drawn`` of :func:`~vllm_lookahead.core.sampling.coupled_walks`),
-    in one sampling pass, for the requests without a seed: at every node a walk reaches while each
-    token drawn is the target's argmax there (:meth:`~vllm_lookahead.core.sampling.Forest.followed`;
-    at the root, the token vLLM's sampler drew) -- where a sampled walk mostly goes -- so that a
-    step mostly samples once rather than once per accepted position (on a GPU one read-back and one
-    pass of fixed costs instead of one per position).  Exact in distribution: each such token is
-    drawn from its node's distribution with a uniform of its own.  A seeded request's walk draws
-    from its generator one token per emitted position, in order, as vLLM's sampler does."""
+def _ahead(forest: Forest, sm: Any, items: list[_Verifying]) -> np.ndarray:
+    """The nodes (of ``forest``) whose tokens are drawn before the walks (``drawn`` of
+    :func:`~vllm_lookahead.core.sampling.coupled_walks`), in one sampling pass, for the requests
+    without a seed: every node a walk reaches while each token drawn is the target's argmax there
+    (:meth:`~vllm_lookahead.core.sampling.Forest.followed`; at the root, the token vLLM's sampler
+    drew) -- where a sampled walk mostly goes -- so that a step mostly samples once rather than once
+    per accepted position (on a GPU one read-back and one pass of fixed costs instead of one per
+    position).  Exact in distribution: each such token is drawn from its node's distribution with a
+    uniform of its own.  A seeded request's walk draws from its generator one token per emitted
+    position, in order, as vLLM's sampler does."""
     free = np.fromiter((sm.generators.get(item.tr.batch_index) is None for item in items), dtype=bool, count=len(items))
     if not free.any():
-        return None
+        return np.zeros(0, dtype=np.int64)
     next_token = np.concatenate([item.argmax for item in items])
     next_token[forest.offsets] = [item.root_token for item in items]
-    ahead = np.flatnonzero(forest.followed(next_token) & (forest.node > 0) & free[forest.walk])
-    if not ahead.size:
-        return None
-    drawn = np.full(forest.size, -1, dtype=np.int64)
-    drawn[ahead] = sample(list(zip(forest.walk[ahead].tolist(), forest.node[ahead].tolist())))
-    return drawn
+    return np.flatnonzero(forest.followed(next_token) & (forest.node > 0) & free[forest.walk])
 
 
 def _logprob_rows(runner: Any, sm: Any, item: _Verifying) -> torch.Tensor:
