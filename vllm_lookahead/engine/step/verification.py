@@ -388,8 +388,10 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying],
     request's ``sampling_seconds``, apart from its other verification: every pass samples a token
     that vLLM's sampler would sample in a later step without speculation, so it is a price per
     accepted token, not per tree (:meth:`~vllm_lookahead.engine.propose.step_timing.StepTiming.token_seconds`).
-    Where every walking request's rows are a block of the step's kept rows (nothing but temperature
-    and top-k/top-p to apply), a position's rows are one gather from them."""
+    Requests without a seed draw the nodes along the target's argmax in one pass first (:func:`_ahead`),
+    and later passes sample only the nodes off it.  Where every walking request's rows are a block
+    of the step's kept rows (nothing but temperature and top-k/top-p to apply), a pass's rows are
+    one gather from them."""
     if not items:
         return
     assert noise is not None
