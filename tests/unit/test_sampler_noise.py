@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -139,6 +140,29 @@ def test_rows_without_a_generator_are_drawn_from_their_distribution():
     one_left = torch.full((2, VOCAB), float("-inf"))
     one_left[0, 5], one_left[1, VOCAB - 1] = 0.0, 3.0
     assert inverse_cdf(one_left).tolist() == [5, VOCAB - 1]
+
+
+@pytest.mark.parametrize("vocab", [97, 256, 300, 7854])
+def test_the_two_level_draw_is_the_flat_draw(vocab):
+    """:func:`inverse_cdf`'s draw on CPU tensors (running sums by block, then within the block)
+    picks the entry of the running sum over the whole row for the same uniforms, masked entries
+    never, the first and last entries with mass at the ends of the uniform's range -- a vocabulary
+    shorter than a block, a multiple of it and one with a partial last block."""
+    from vllm_lookahead.engine.step.sampler_noise import _blocked_draw, _flat_draw
+
+    torch.manual_seed(vocab)
+    logits = torch.randn(24, vocab) * 4
+    logits[logits < -2] = float("-inf")
+    logits[0, :-1], logits[0, -1] = float("-inf"), 1.0  # one token left: the last
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    for _ in range(40):
+        u = torch.rand(24, 1, dtype=torch.float64)
+        drawn = _blocked_draw(probs, u)
+        assert torch.equal(drawn, _flat_draw(probs, u))
+        assert bool((probs.gather(1, drawn[:, None]) > 0).all())
+    ends = torch.tensor([[0.0], [1 - 2**-53]], dtype=torch.float64).repeat(12, 1)
+    with_mass = [np.flatnonzero(row > 0).tolist() for row in probs.numpy()]
+    assert _blocked_draw(probs, ends).tolist() == [row[0] if i % 2 == 0 else row[-1] for i, row in enumerate(with_mass)]
 
 
 @pytest.mark.parametrize("noise", [SamplerNoise("splitmix"), SamplerNoise("exponential")])

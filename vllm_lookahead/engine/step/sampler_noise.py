@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -61,7 +62,7 @@ class SamplerNoise:
         as by that row's own :meth:`sample` and the token is vLLM's; the rows without a generator
         by :func:`inverse_cdf` (exact in distribution, one uniform each from the global stream:
         nothing there is reproducible token for token, and a vocabulary of noise per row costs
-        ~12x the inverse CDF on CPU tensors)."""
+        14-30x the inverse CDF on CPU tensors: 32 rows of 7,854-49,152 tokens)."""
         free = [i for i, g in enumerate(generators) if g is None]
         if len(free) == len(generators):
             return inverse_cdf(logits).tolist()
@@ -100,14 +101,56 @@ class SamplerNoise:
 
 def inverse_cdf(logits: torch.Tensor) -> torch.Tensor:
     """One token per row of ``logits`` (``[rows, vocab]``, masked entries -inf), drawn from its
-    softmax by inverse transform sampling: the probabilities accumulated in float64, one uniform
-    per row from the global stream scaled to just below the row's total, the first entry whose
-    running sum exceeds it.  That entry always has mass -- the running sum rose there -- so a
-    masked token is never drawn."""
-    cdf = logits.softmax(dim=-1, dtype=torch.float32).cumsum(dim=-1, dtype=torch.float64)
+    softmax by inverse transform sampling: one uniform per row from the global stream, scaled to
+    just below the row's total, and the first entry whose running sum (float64) exceeds it.  That
+    entry always has mass -- the running sum rose there -- so a masked token is never drawn.  CPU
+    tensors of :data:`_BLOCKED_FROM` entries or more take the running sum in two levels
+    (:func:`_blocked_draw`), others in one (:func:`_flat_draw`): the same draw up to float rounding."""
+    u = torch.rand((logits.shape[0], 1), dtype=torch.float64, device=logits.device)
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    blocked = logits.device.type == "cpu" and logits.numel() >= _BLOCKED_FROM
+    return (_blocked_draw if blocked else _flat_draw)(probs, u)
+
+
+def _flat_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_cdf`'s token per row of ``probs`` for the uniforms ``u`` (``[rows, 1]``
+    float64): the running sum over the whole vocabulary (few launches on a GPU)."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     below_total = cdf[:, -1:] * (1 - 2**-52)  # the largest float64 under the total, or the one below it
-    u = torch.rand(below_total.shape, dtype=torch.float64, device=cdf.device).mul_(below_total)
-    return torch.searchsorted(cdf, u, right=True).view(-1)
+    return torch.searchsorted(cdf, u * below_total, right=True).view(-1)
+
+
+_BLOCK = 256  # entries per block of :func:`_blocked_draw`
+# Rows x vocabulary from which the two levels cost less on a CPU: one level costs ~0.6 ns an entry,
+# two ~0.13 ns an entry and ~75 us of calls (2-core Xeon; 32 rows: 0.16 against 0.11 ms at 7,854
+# tokens, 0.97 against 0.31 ms at 49,152, 14 against 0.62 ms at 151,936, where the float64 sums
+# outgrow glibc's mmap threshold; 8 rows of 7,854: 0.040 against 0.057 ms).
+_BLOCKED_FROM = 2**17
+
+
+def _blocked_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`_flat_draw` in two levels, for CPU tensors, where a float64 running sum over the
+    vocabulary costs twice the softmax: each block of :data:`_BLOCK` entries summed (float32,
+    vectorised), the running sum over the blocks finds the block, and the running sum (float64)
+    within that block alone the entry -- the few dozen numbers past the block sums in numpy, whose
+    calls on them cost a fraction of torch's.  Where a block's float32 sum rounds above its entries'
+    float64 sum and the target falls between the two, its last entry with mass is drawn."""
+    rows, vocab = probs.shape
+    full = vocab // _BLOCK
+    blocks = probs.as_strided((rows, full, _BLOCK), (probs.stride(0), _BLOCK, 1)).sum(dim=-1)
+    if vocab > full * _BLOCK:
+        blocks = torch.cat([blocks, probs[:, full * _BLOCK :].sum(dim=-1, keepdim=True)], dim=1)
+    cum = blocks.cumsum(dim=-1, dtype=torch.float64).numpy()
+    target = u.numpy() * (cum[:, -1:] * (1 - 2**-52))
+    block = np.minimum((cum <= target).sum(axis=1), cum.shape[1] - 1)  # the first block whose running sum passes it
+    before = np.where(block > 0, cum[np.arange(rows), block - 1], 0.0)
+    column = block[:, None] * _BLOCK + np.arange(_BLOCK)
+    local = probs.gather(1, torch.from_numpy(np.minimum(column, vocab - 1))).numpy()
+    local[column >= vocab] = 0.0
+    running = torch.from_numpy(local).cumsum(dim=-1, dtype=torch.float64).numpy()
+    at = (running + before[:, None] <= target).sum(axis=1)
+    last = _BLOCK - 1 - (local[:, ::-1] > 0).argmax(axis=1)
+    return torch.from_numpy(block * _BLOCK + np.minimum(at, last))
 
 
 def _fused_noise(q: torch.Tensor) -> bool:
