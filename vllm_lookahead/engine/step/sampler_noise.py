@@ -25,7 +25,8 @@ and verification keeps the SpecInfer rule (exact in distribution, not token for 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,12 +105,11 @@ def inverse_cdf(logits: torch.Tensor) -> torch.Tensor:
     softmax by inverse transform sampling: one uniform per row from the global stream, scaled to
     just below the row's total, and the first entry whose running sum (float64) exceeds it.  That
     entry always has mass -- the running sum rose there -- so a masked token is never drawn.  CPU
-    tensors of :data:`_BLOCKED_FROM` entries or more take the running sum in two levels
-    (:func:`_blocked_draw`), others in one (:func:`_flat_draw`): the same draw up to float rounding."""
+    tensors take the running sum in two levels (:func:`_blocked_draw`), others in one
+    (:func:`_flat_draw`): the same draw up to float rounding."""
     u = torch.rand((logits.shape[0], 1), dtype=torch.float64, device=logits.device)
     probs = logits.softmax(dim=-1, dtype=torch.float32)
-    blocked = logits.device.type == "cpu" and logits.numel() >= _BLOCKED_FROM
-    return (_blocked_draw if blocked else _flat_draw)(probs, u)
+    return (_blocked_draw if logits.device.type == "cpu" else _flat_draw)(probs, u)
 
 
 def _flat_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -121,36 +121,68 @@ def _flat_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 _BLOCK = 256  # entries per block of :func:`_blocked_draw`
-# Rows x vocabulary from which the two levels cost less on a CPU: one level costs ~0.6 ns an entry,
-# two ~0.13 ns an entry and ~75 us of calls (2-core Xeon; 32 rows: 0.16 against 0.11 ms at 7,854
-# tokens, 0.97 against 0.31 ms at 49,152, 14 against 0.62 ms at 151,936, where the float64 sums
-# outgrow glibc's mmap threshold; 8 rows of 7,854: 0.040 against 0.057 ms).
-_BLOCKED_FROM = 2**17
 
 
 def _blocked_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """:func:`_flat_draw` in two levels, for CPU tensors, where a float64 running sum over the
-    vocabulary costs twice the softmax: each block of :data:`_BLOCK` entries summed (float32,
-    vectorised), the running sum over the blocks finds the block, and the running sum (float64)
-    within that block alone the entry -- the few dozen numbers past the block sums in numpy, whose
-    calls on them cost a fraction of torch's.  Where a block's float32 sum rounds above its entries'
-    float64 sum and the target falls between the two, its last entry with mass is drawn."""
+    vocabulary costs twice the softmax (32 rows after their softmax, 2-core Xeon: 0.026 against
+    0.17 ms at 7,854 tokens, 0.16 against 0.92 ms at 49,152, 0.50 against 4-14 ms at 151,936,
+    where one level's float64 sums outgrow glibc's mmap threshold): every whole block of
+    :data:`_BLOCK` entries summed (float32, vectorised, one torch call), then per row in one
+    compiled call (:func:`_pick`) the running sum over the blocks finds the block and the running
+    sum within it the entry."""
     rows, vocab = probs.shape
-    full = vocab // _BLOCK
-    blocks = probs.as_strided((rows, full, _BLOCK), (probs.stride(0), _BLOCK, 1)).sum(dim=-1)
-    if vocab > full * _BLOCK:
-        blocks = torch.cat([blocks, probs[:, full * _BLOCK :].sum(dim=-1, keepdim=True)], dim=1)
-    cum = blocks.cumsum(dim=-1, dtype=torch.float64).numpy()
-    target = u.numpy() * (cum[:, -1:] * (1 - 2**-52))
-    block = np.minimum((cum <= target).sum(axis=1), cum.shape[1] - 1)  # the first block whose running sum passes it
-    before = np.where(block > 0, cum[np.arange(rows), block - 1], 0.0)
-    column = block[:, None] * _BLOCK + np.arange(_BLOCK)
-    local = probs.gather(1, torch.from_numpy(np.minimum(column, vocab - 1))).numpy()
-    local[column >= vocab] = 0.0
-    running = torch.from_numpy(local).cumsum(dim=-1, dtype=torch.float64).numpy()
-    at = (running + before[:, None] <= target).sum(axis=1)
-    last = _BLOCK - 1 - (local[:, ::-1] > 0).argmax(axis=1)
-    return torch.from_numpy(block * _BLOCK + np.minimum(at, last))
+    sums = probs.as_strided((rows, vocab // _BLOCK, _BLOCK), (probs.stride(0), _BLOCK, 1)).sum(dim=-1)
+    return torch.from_numpy(_compiled_pick()(probs.numpy(), sums.numpy(), u.numpy().reshape(-1)))
+
+
+def _pick(probs: np.ndarray, sums: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Per row of ``probs`` (float32 ``[rows, vocab]``): the first entry whose float64 running
+    sum exceeds ``u`` (float64 per row) times just under the row's total, given ``sums``, the
+    float32 sums of its whole blocks of :data:`_BLOCK` entries (the entries past the last whole
+    block are summed here).  The total is the blocks' sums added in order, so the block reached is
+    one whose sum passes the target, which has mass; where its entries, added one by one, round
+    below the target, its last entry with mass is drawn."""
+    rows, vocab = probs.shape
+    full = sums.shape[1]
+    last_block = full if vocab > full * _BLOCK else full - 1
+    tokens = np.empty(rows, dtype=np.int64)
+    for r in range(rows):
+        total = 0.0
+        for b in range(full):
+            total += sums[r, b]
+        for k in range(full * _BLOCK, vocab):
+            total += probs[r, k]
+        target = u[r] * (total * (1 - 2**-52))
+        run, block = 0.0, 0
+        while block < last_block and run + sums[r, block] <= target:
+            run += sums[r, block]
+            block += 1
+        token = last = -1
+        for k in range(block * _BLOCK, min(vocab, (block + 1) * _BLOCK)):
+            if probs[r, k] > 0:
+                last = k
+                run += probs[r, k]
+                if run > target:
+                    token = k
+                    break
+        tokens[r] = token if token >= 0 else last
+    return tokens
+
+
+@functools.cache
+def _compiled_pick() -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """:func:`_pick` compiled (numba, cached on disk after the first time); :func:`compile_draw`
+    makes it at start-up."""
+    from numba import njit
+
+    return njit(cache=True)(_pick)
+
+
+def compile_draw() -> None:
+    """Compile :func:`_blocked_draw`'s loop at start-up, not in the first sampled step that needs it."""
+    probs = torch.full((1, _BLOCK + 1), 1.0 / (_BLOCK + 1))
+    _blocked_draw(probs, torch.zeros((1, 1), dtype=torch.float64))
 
 
 def _fused_noise(q: torch.Tensor) -> bool:
