@@ -214,10 +214,10 @@ def test_walks_gather_a_position_s_rows_from_the_kept_rows_as_stacking_them_does
         items = [
             _Verifying(
                 tr=SimpleNamespace(tree=tree, logit_nodes=tree.logit_rows(), batch_index=i, req_id=f"r{i}"),
-                rows=kept.of(f"r{i}"),
+                kept=kept,
                 argmax=rows[i].argmax(dim=-1).numpy(),  # every node has logits
                 greedy=False,
-                processed=kept.of(f"r{i}", float32=True),
+                processed_rows=None if gathered else kept.of(f"r{i}", float32=True),
                 root_token=int(tree.tokens[1]),
                 first_row=blocks[f"r{i}"][0] if gathered else None,
             )

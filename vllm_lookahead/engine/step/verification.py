@@ -218,10 +218,10 @@ class _Verifying:
     """One tree request through verification: its rows, its target distribution, then its path."""
 
     tr: Any  # the TreeRequest
-    rows: torch.Tensor | None  # its logit rows, as the forward returned them (None: its argmax is all it needs)
+    kept: KeptRows | None  # the step's kept rows (its own among them where its plan reads more than the argmax)
     argmax: np.ndarray  # (num_nodes,) argmax per node, -1 without logits
     greedy: bool
-    processed: torch.Tensor | None  # its rows after steps 1-5 of target_dist (None: nothing to apply)
+    processed_rows: torch.Tensor | None  # its rows after steps 2-5 of target_dist, where any apply
     root_token: int  # vLLM's own sample after the root
     first_row: int | None = None  # where ``processed`` is a block of the step's kept rows in float32: its first row
     path: np.ndarray | None = None  # the accepted node ids, depth 1 down (None: its walk is still to come)
@@ -229,6 +229,20 @@ class _Verifying:
     seconds: float = 0.0  # host time spent on it (its rows, its target distribution, the greedy match)
     sampling_seconds: float = 0.0  # host time its walk spent sampling tokens after accepted nodes
     _sampling: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """Its logit rows, as the forward returned them (None: its argmax is all it needs)."""
+        return self.kept.of(self.tr.req_id) if self.kept is not None else None
+
+    @cached_property
+    def processed(self) -> torch.Tensor | None:
+        """Its rows after steps 1-5 of target_dist (None: a greedy request with nothing to apply):
+        taken from the step's kept rows in float32 on first use, where nothing but temperature and
+        top-k/top-p applies -- a walk whose rows are gathered from there never asks."""
+        if self.processed_rows is not None:
+            return self.processed_rows
+        return self.kept.of(self.tr.req_id, float32=True) if self.first_row is not None else None
 
     def row_of(self, node: int) -> int:
         return int(np.searchsorted(self.tr.logit_nodes, node))
@@ -342,21 +356,18 @@ def _prepare(
     Its logit rows come from ``kept`` (none where ``plan.rows`` is False)."""
     i = tr.batch_index
     greedy = plan.greedy
-    rows = kept.of(tr.req_id) if kept is not None else None
     processed = None
     first_row = None
     if plan.process:
-        assert rows is not None
+        assert kept is not None
         node_rows = target_dist.NodeRows(
             i, tr.logit_nodes, tr.tree.depths[tr.logit_nodes], _paths(tr.tree, tr.logit_nodes)
         )
-        processed = target_dist.processed_logits(rows, node_rows, sm, plan.output, plan.min_tokens)
+        processed = target_dist.processed_logits(kept.of(tr.req_id), node_rows, sm, plan.output, plan.min_tokens)
     elif not greedy:
-        assert kept is not None and rows is not None
-        # nothing but temperature and top-k/top-p to apply
-        processed = rows if rows.dtype == torch.float32 else kept.of(tr.req_id, float32=True)
-        first_row = kept.blocks[tr.req_id][0]
-    item = _Verifying(tr, rows, argmax, greedy, processed, root_token, first_row)
+        assert kept is not None
+        first_row = kept.blocks[tr.req_id][0]  # nothing but temperature and top-k/top-p to apply
+    item = _Verifying(tr, kept, argmax, greedy, processed, root_token, first_row)
     if greedy:
         target = argmax
         if processed is not None:
