@@ -270,6 +270,22 @@ def test_ancestor_bits_past_one_word():
     assert np.array_equal(unpacked.reshape(tree.size - 1, -1)[:, : tree.size].astype(bool), tree.ancestor_mask()[1:])
 
 
+@pytest.mark.parametrize("nodes", [1, 5, 32, 33, 70, 130])
+def test_packed_ancestor_rows_are_the_mask(nodes):
+    """A tree's ancestor words (made from its parents, as the engine gives the kernel) are its
+    mask packed, and requests given by words or by mask get the same bits."""
+    from vllm_lookahead.kernels.tree_attention import pack_ancestors
+
+    rng = _rng(f"words {nodes}")
+    trees = [random_tree(rng, nodes), random_tree(rng, max(1, nodes // 2))]
+    for tree in trees:
+        assert np.array_equal(tree.ancestor_words(), pack_ancestors(tree.ancestor_mask()))
+    masks = [TreeRows(r, 0, min(1, t.size - 1), t.size, 3, t.ancestor_mask()) for r, t in enumerate(trees)]
+    words = [TreeRows(r, 0, min(1, t.size - 1), t.size, 3, None, t.ancestor_words()) for r, t in enumerate(trees)]
+    assert all(np.array_equal(w.ancestor_mask(), m.ancestors) for w, m in zip(words, masks))
+    assert np.array_equal(ancestor_bits(words, trees[0].size), ancestor_bits(masks, trees[0].size))
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**31 - 1),

@@ -87,16 +87,29 @@ class DraftTree:
         return self.size
 
     def ancestor_mask(self) -> np.ndarray:
-        """bool (n, n): ``m[i, j]`` iff ``j == i`` or ``j`` is an ancestor of ``i``.  Each row is
-        its parent's and its own bit, as one Python int per row (a few us for a tree of a hundred
-        nodes, where a numpy row copy per node costs ~1 us each), unpacked at once."""
+        """bool (n, n): ``m[i, j]`` iff ``j == i`` or ``j`` is an ancestor of ``i``
+        (:meth:`_ancestor_rows`, unpacked at once)."""
         n = self.size
+        width = -(-n // 8)
+        packed = np.frombuffer(b"".join(row.to_bytes(width, "little") for row in self._ancestor_rows()), dtype=np.uint8)
+        return np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").astype(bool)
+
+    def ancestor_words(self) -> np.ndarray:
+        """int32 (n, ceil(n / 32)): :meth:`ancestor_mask` packed 32 nodes to a word -- bit ``j % 32``
+        of word ``j // 32`` of row ``i`` set iff ``m[i, j]`` -- as the Triton kernel reads it
+        (:func:`~vllm_lookahead.kernels.tree_attention.ancestor_bits`), made without the mask."""
+        n = self.size
+        width = 4 * -(-n // 32)
+        packed = b"".join(row.to_bytes(width, "little") for row in self._ancestor_rows())
+        return np.frombuffer(packed, dtype="<i4").reshape(n, width // 4)
+
+    def _ancestor_rows(self) -> list[int]:
+        """Each node's ancestors and itself as the bits of one Python int: its parent's and its own
+        bit (a few us for a tree of a hundred nodes, where a numpy row copy per node costs ~1 us)."""
         rows = [1]
         for i, parent in enumerate(self.parents[1:].tolist(), start=1):
             rows.append(rows[parent] | 1 << i)
-        width = -(-n // 8)
-        packed = np.frombuffer(b"".join(row.to_bytes(width, "little") for row in rows), dtype=np.uint8)
-        return np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").astype(bool)
+        return rows
 
     def logit_rows(self) -> np.ndarray:
         """int64 indices of the nodes whose logits are computed, ascending."""

@@ -106,7 +106,8 @@ class TreeRows:
     ``first_row`` is the flattened-batch row of node ``first_node``, the first row computed
     here; rows ``first_node .. num_nodes - 1`` are computed.  Keys: ``context_len`` positions
     of context, then the tree's ``num_nodes`` nodes (the step's own K/V, already in the cache).
-    ``ancestors`` is the tree's ``(num_nodes, num_nodes)`` bool mask (a node is its own ancestor).
+    ``ancestors`` is the tree's ``(num_nodes, num_nodes)`` bool mask (a node is its own ancestor),
+    or None where ``words`` gives it packed as :func:`pack_ancestors` packs it.
     """
 
     table_row: int
@@ -114,19 +115,37 @@ class TreeRows:
     first_node: int
     num_nodes: int
     context_len: int
-    ancestors: np.ndarray
+    ancestors: np.ndarray | None
+    words: np.ndarray | None = None
+
+    def ancestor_mask(self) -> np.ndarray:
+        """The bool ``(num_nodes, num_nodes)`` mask, given or unpacked from ``words``."""
+        if self.ancestors is not None:
+            return self.ancestors
+        assert self.words is not None
+        bits = (self.words[:, :, None] >> np.arange(32, dtype=np.int32)) & 1
+        return bits.reshape(self.num_nodes, -1)[:, : self.num_nodes].astype(bool)
+
+
+def pack_ancestors(mask: np.ndarray) -> np.ndarray:
+    """int32 ``(n, ceil(n / 32))``: bit ``j % 32`` of word ``j // 32`` of row ``i`` set iff ``mask[i, j]``."""
+    n = mask.shape[0]
+    words = max(1, -(-n // 32))
+    bits = np.zeros((n, words * 32), dtype=np.uint8)
+    bits[:, :n] = mask
+    packed = np.packbits(bits.reshape(n, words, 4, 8), axis=-1, bitorder="little")
+    return np.ascontiguousarray(packed.reshape(n, words, 4)).view("<i4")[..., 0]
 
 
 def ancestor_bits(rows: list[TreeRows], max_queries: int) -> np.ndarray:
     """int32 ``[R, max_queries, words]``: bit ``j % 32`` of word ``j // 32`` of computed row ``i``
     of request ``r`` is set iff node ``j`` is an ancestor of (or is) node ``first_node + i``."""
     words = max(1, -(-max(tr.num_nodes for tr in rows) // 32))
-    bits = np.zeros((len(rows), max_queries, words * 32), dtype=np.uint8)
+    bits = np.zeros((len(rows), max_queries, words), dtype=np.int32)
     for r, tr in enumerate(rows):
-        q = tr.num_nodes - tr.first_node
-        bits[r, :q, : tr.num_nodes] = tr.ancestors[tr.first_node : tr.num_nodes]
-    packed = np.packbits(bits.reshape(len(rows), max_queries, words, 4, 8), axis=-1, bitorder="little")
-    return np.ascontiguousarray(packed.reshape(len(rows), max_queries, words, 4)).view("<i4")[..., 0]
+        packed = tr.words if tr.words is not None else pack_ancestors(tr.ancestor_mask())
+        bits[r, : tr.num_nodes - tr.first_node, : packed.shape[1]] = packed[tr.first_node : tr.num_nodes]
+    return bits
 
 
 @dataclass
@@ -756,7 +775,7 @@ def dense_reference(
         if causal:
             visible[:, tr.context_len :] = np.arange(n)[None, :] <= nodes[:, None]
         else:
-            visible[:, tr.context_len :] = tr.ancestors[tr.first_node : n]
+            visible[:, tr.context_len :] = tr.ancestor_mask()[tr.first_node : n]
         mask = torch.from_numpy(visible).to(scores.device)
         scores = scores.masked_fill(~mask[None], float("-inf"))
         out.append(torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vf))

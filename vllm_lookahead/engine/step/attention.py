@@ -214,7 +214,8 @@ def kernel_plan(batch: TreeBatch, heads: int, num_kv_heads: int, head_size: int,
             tr.first_branch_node,
             tr.num_nodes,
             tr.context_len,
-            tr.tree.ancestor_mask(),
+            None,
+            tr.tree.ancestor_words(),
         )
         for tr in batch.branching
     ]
