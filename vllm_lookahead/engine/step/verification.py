@@ -221,7 +221,7 @@ class _Verifying:
     kept: KeptRows | None  # the step's kept rows (its own among them where its plan reads more than the argmax)
     argmax: np.ndarray  # (num_nodes,) argmax per node, -1 without logits
     greedy: bool
-    processed_rows: torch.Tensor | None  # its rows after steps 2-5 of target_dist, where any apply
+    processed_rows: torch.Tensor | None  # its rows after steps 1-5 of target_dist where 2-5 apply, else None
     root_token: int  # vLLM's own sample after the root
     first_row: int | None = None  # where ``processed`` is a block of the step's kept rows in float32: its first row
     path: np.ndarray | None = None  # the accepted node ids, depth 1 down (None: its walk is still to come)
