@@ -205,3 +205,18 @@ def test_window_ngrams_are_facts_of_an_order_n_minus_1_model(width, ngram, seed,
         assert window.filled <= ngram - 1
         assert all(lv.shape == (width,) and (lv >= 0).all() for lv in window.levels)
         root = int(outputs[0])
+
+
+@pytest.mark.parametrize(("width", "ngram"), SHAPES)
+def test_the_root_column_is_the_first_column_added_at_the_first_level(width, ngram):
+    """A window at its first level drafting its first column alone adds no node: its root
+    column is what adding that column to a tree gives, root token included; past the first
+    level the column has nodes and the shortcut refuses."""
+    window, other = make_window(width, ngram), make_window(width, ngram)
+    builder = TreeBuilder(42)
+    assert window.root_column(42).tolist() == other.add_to_tree(builder, 0, 1).tolist()
+    assert builder.size == 1 and window.root_token == other.root_token == 42
+    window.update(np.arange(width) + 50, 0, [])
+    if not window.full:
+        with pytest.raises(ValueError):
+            window.root_column(42)

@@ -281,11 +281,11 @@ class RequestLookahead:
     def _nothing_drafted(self, cands: StepCandidates, window_columns: int) -> StepDraft:
         """:meth:`build`'s draft when it drafts nothing (the most common step in a full batch, so
         made without building a tree): the root alone -- with the window's first column where it
-        is the root itself (a window at its first level) -- its lead's first token kept as the
-        shadow token the next step checks."""
+        is the root itself (a window at its first level, :meth:`~.window.JacobiWindow.root_column`)
+        -- its lead's first token kept as the shadow token the next step checks."""
         window_nodes, window_start = _NO_NODES, None
         if window_columns and self.window is not None:
-            window_nodes, window_start = self.window.add_to_tree(TreeBuilder(cands.root), 0, window_columns), 1
+            window_nodes, window_start = self.window.root_column(cands.root), 1
         draft = StepDraft(
             tree=DraftTree.root_only(cands.root),
             window_nodes=window_nodes,

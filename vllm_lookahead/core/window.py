@@ -56,6 +56,7 @@ class JacobiWindow:
         self.rng = rng
         self.levels: list[np.ndarray] = []
         self.root_token = 0  # root token of the last add_to_tree call
+        self._root_column: np.ndarray | None = None  # root_column's answer
         self.reset(init_tokens)
 
     @property
@@ -103,6 +104,19 @@ class JacobiWindow:
             previous = builder.add_nodes(previous, self.levels[j][:width].tolist(), j == last, window)
         outputs[:width] = previous
         return outputs
+
+    def root_column(self, root_token: int) -> np.ndarray:
+        """:meth:`add_to_tree` of the first column alone while the window holds one level, where
+        that column is the root itself and adds no node: the output nodes ``[root, -1, ...]`` (one
+        read-only array per window), made without a tree builder."""
+        if self.filled != 1:
+            raise ValueError(f"the first column is the root alone at the first level only ({self.filled} levels)")
+        self.root_token = int(root_token)
+        if self._root_column is None:
+            self._root_column = np.full(self.window_size, -1, dtype=np.int64)
+            self._root_column[0] = 0
+            self._root_column.setflags(write=False)
+        return self._root_column
 
     def update(
         self,
