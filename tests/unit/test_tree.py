@@ -180,3 +180,33 @@ def test_add_nodes_and_add_chain_build_what_adding_one_by_one_builds():
     np.testing.assert_array_equal(one.sources, bulk.sources)
     with pytest.raises(ValueError):
         bulk.add_nodes([99], [1], True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_block_builds_what_adding_its_nodes_one_by_one_builds(data):
+    """add_block then merged chains: the same tree as add calls, merges reaching into the block."""
+    one, bulk = TreeBuilder(5), TreeBuilder(5)
+    for chain in data.draw(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), max_size=3)):
+        one.add_chain(0, chain, True, merge=True)
+        bulk.add_chain(0, chain, True, merge=True)
+    start = one.size
+    tokens, parents, depths, logits = [], [], [], []
+    for k in range(data.draw(st.integers(0, 8))):
+        parent = data.draw(st.integers(0, start + k - 1))
+        tokens.append(data.draw(st.integers(0, 3)))
+        parents.append(parent)
+        depths.append((one.depth(parent) if parent < start else depths[parent - start]) + 1)
+        logits.append(data.draw(st.booleans()))
+    for token, parent, needs in zip(tokens, parents, logits):
+        one.add(parent, token, needs, 2)
+    bulk.add_block(tokens, parents, depths, logits, 2)
+    for chain in data.draw(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=4), max_size=3)):
+        ids = one.add_chain(0, chain, True, merge=True, sources=3)
+        assert bulk.add_chain(0, chain, True, merge=True, sources=3) == ids
+    a, b = one.build(), bulk.build()
+    for name in ("tokens", "parents", "depths", "logits"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    np.testing.assert_array_equal(one.sources, bulk.sources)
+    with pytest.raises(ValueError):
+        bulk.add_block([1], [0, 0], [1], [True])

@@ -334,8 +334,8 @@ class RequestLookahead:
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]
             ngrams = self.window.update(outputs, num_new - 1, tail)
-            if ngrams:
-                self.text.pool.add_rows(np.array(ngrams, dtype=np.int64), Source.WINDOW)
+            if len(ngrams):
+                self.text.pool.add_rows(ngrams, Source.WINDOW)
         if learn:
             self.text.learn(tail, start, len(history))
         else:

@@ -163,8 +163,10 @@ class TreeBuilder:
         self._depths: list[int] = [0]
         self._logits: list[bool] = [True]
         self._sources: list[int] = [0]  # Source per node (0 = the root)
-        # (parent, token) -> first child with that token, for trie merging.
+        # (parent, token) -> first child with that token, for trie merging: of the nodes before
+        # _indexed (a block, add_block, is indexed when a later add needs it)
         self._child_by_token: dict[tuple[int, int], int] = {}
+        self._indexed = 1
 
     @property
     def size(self) -> int:
@@ -174,6 +176,7 @@ class TreeBuilder:
         """Append a node under ``parent`` and return its id (``source``: a :class:`~.source.Source`)."""
         if not 0 <= parent < len(self._tokens):
             raise ValueError(f"parent {parent} does not exist")
+        self._index()
         node = len(self._tokens)
         token = int(token)
         self._tokens.append(token)
@@ -182,6 +185,7 @@ class TreeBuilder:
         self._logits.append(bool(needs_logits))
         self._sources.append(int(source))
         self._child_by_token.setdefault((parent, token), node)
+        self._indexed = node + 1
         return node
 
     def add_nodes(
@@ -189,6 +193,7 @@ class TreeBuilder:
     ) -> list[int]:
         """:meth:`add` of each ``(parents[k], tokens[k])`` in order (every parent already in the
         tree), appended in one go; their node ids."""
+        self._index()
         start = len(self._tokens)
         parents, tokens = [int(p) for p in parents], [int(t) for t in tokens]
         if len(parents) != len(tokens):
@@ -205,7 +210,38 @@ class TreeBuilder:
         setdefault = self._child_by_token.setdefault
         for key, node in zip(zip(parents, tokens), nodes):
             setdefault(key, node)
+        self._indexed = len(self._tokens)
         return list(nodes)
+
+    def add_block(
+        self,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        depths: Sequence[int],
+        needs_logits: Sequence[bool],
+        source: int = 0,
+    ) -> None:
+        """Append ``len(tokens)`` nodes laid out by their caller (the Jacobi window's branch,
+        :meth:`~.window.JacobiWindow.add_to_tree`): node ``k`` (id ``size + k``) below node
+        ``parents[k]`` (an existing node or an earlier one of the block) at ``depths[k]``, its
+        parent's depth plus one -- as many :meth:`add` calls would, in one go."""
+        if not len(tokens) == len(parents) == len(depths) == len(needs_logits):
+            raise ValueError("a block's tokens, parents, depths and logits differ in length")
+        self._tokens.extend(tokens)
+        self._parents.extend(parents)
+        self._depths.extend(depths)
+        self._logits.extend(needs_logits)
+        self._sources.extend([int(source)] * len(tokens))
+
+    def depth(self, node: int) -> int:
+        return self._depths[node]
+
+    def _index(self) -> None:
+        """:attr:`_child_by_token` of the nodes a block added, before nodes are added after them."""
+        setdefault, tokens, parents = self._child_by_token.setdefault, self._tokens, self._parents
+        for node in range(self._indexed, len(tokens)):
+            setdefault((parents[node], tokens[node]), node)
+        self._indexed = len(tokens)
 
     def add_chain(
         self,
@@ -223,6 +259,7 @@ class TreeBuilder:
         """
         if not 0 <= parent < len(self._tokens):
             raise ValueError(f"parent {parent} does not exist")
+        self._index()
         tokens = [int(t) for t in tokens]
         per_token = [int(sources)] * len(tokens) if isinstance(sources, int) else [int(s) for s in sources]
         if len(per_token) != len(tokens):
@@ -251,6 +288,7 @@ class TreeBuilder:
             self._child_by_token.setdefault((current, rest[0]), start)
             self._child_by_token.update(zip(zip(nodes[:-1], rest[1:]), nodes[1:]))  # new nodes: no children yet
             node_ids.extend(nodes)
+            self._indexed = len(self._tokens)
         return node_ids
 
     def has_source(self, source: int) -> bool:

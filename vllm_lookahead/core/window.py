@@ -17,6 +17,7 @@ levels[j][i]`` -- the last ``N - 1`` of these are exactly the column.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -92,17 +93,17 @@ class JacobiWindow:
         """
         width = self.window_size if columns is None else max(0, min(columns, self.window_size))
         self.root_token = int(builder.root_token)
-        last = self.filled - 1
         outputs = np.full(self.window_size, -1, dtype=np.int64)
         if width == 0:
             return outputs
-        window = int(Source.WINDOW)
         # level 0: the root, then columns 1.. as a chain below it; each next level one node below
-        # each of the level before (the nodes in the order adding them one by one gives)
-        previous = [root, *builder.add_chain(root, self.levels[0][1:width].tolist(), last == 0, sources=window)]
-        for j in range(1, self.filled):
-            previous = builder.add_nodes(previous, self.levels[j][:width].tolist(), j == last, window)
-        outputs[:width] = previous
+        # each of the level before (the nodes in the order adding them one by one gives), appended
+        # as one block laid out by the window's shape
+        start = builder.size
+        parents, depths, logits, last = _layout(width, self.filled, root, start, builder.depth(root))
+        tokens = np.concatenate([self.levels[0][1:width], *(level[:width] for level in self.levels[1:])])
+        builder.add_block(tokens.tolist(), parents, depths, logits, int(Source.WINDOW))
+        outputs[:width] = last
         return outputs
 
     def root_column(self, root_token: int) -> np.ndarray:
@@ -123,11 +124,13 @@ class JacobiWindow:
         outputs: np.ndarray,
         num_accepted: int,
         fill_tokens: Sequence[int],
-    ) -> list[tuple[int, ...]]:
+    ) -> np.ndarray:
         """Collect n-grams from a full window, then advance it by one Jacobi step.
 
         ``outputs``: int64 (W,) argmax at the output nodes, -1 where unknown.
         ``num_accepted``: accepted draft tokens this step (bonus not counted).
+        Returns the n-grams, int64 ``(k, N)``, one row per known column in column order
+        (none while the window fills).
         """
         outputs = np.asarray(outputs, dtype=np.int64)
         if outputs.shape != (self.window_size,):
@@ -136,7 +139,7 @@ class JacobiWindow:
         new_level = np.where(known, outputs, self.levels[-1])
         if not self.full:
             self.levels.append(new_level)
-            return []
+            return np.zeros((0, self.ngram_size), dtype=np.int64)
         ngrams = self._collect_ngrams(outputs, known)
         shifted = self.levels[1:] + [new_level]
         shift_by = min(max(int(num_accepted), 0), self.window_size) if self.shift == "accepted" else 0
@@ -147,7 +150,30 @@ class JacobiWindow:
         self.levels = shifted
         return ngrams
 
-    def _collect_ngrams(self, outputs: np.ndarray, known: np.ndarray) -> list[tuple[int, ...]]:
-        columns = np.stack(self.levels + [outputs])  # (N, W)
+    def _collect_ngrams(self, outputs: np.ndarray, known: np.ndarray) -> np.ndarray:
+        columns = np.stack(self.levels + [outputs], axis=1)  # (W, N): column i top to bottom, its argmax
         columns[0, 0] = self.root_token
-        return [tuple(int(t) for t in columns[:, i]) for i in np.flatnonzero(known)]
+        return columns[known]
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout(
+    width: int, filled: int, root: int, start: int, root_depth: int
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[bool, ...], tuple[int, ...]]:
+    """The block :meth:`JacobiWindow.add_to_tree` appends for ``width`` columns of ``filled``
+    levels below node ``root`` (at ``root_depth``) of a tree of ``start`` nodes: each node's
+    parent, depth and whether it needs logits (the last level's nodes), and the last level's
+    nodes by column.  Level 0's columns 1.. are a chain below the root, then each level's
+    ``width`` nodes hang one below each of the level before (column 0 of level 1 below the
+    root).  Shared by every window of that shape (a few shapes, a few dozen starts), hence tuples."""
+    parents = [root, *range(start, start + width - 2)][: width - 1]
+    depths = list(range(root_depth + 1, root_depth + width))
+    below = [root, *range(start, start + width - 1)]  # the level above's nodes, by column
+    for j in range(1, filled):
+        at = start + len(parents)
+        parents.extend(below)
+        depths.extend(range(root_depth + j, root_depth + j + width))
+        below = list(range(at, at + width))
+    last_level = width - 1 if filled == 1 else width
+    logits = [False] * (len(parents) - last_level) + [True] * last_level
+    return tuple(parents), tuple(depths), tuple(logits), tuple(below)
