@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -108,14 +109,16 @@ SHARED_SUPPORT_SLOPE: float = FITTED["draft_rule.SHARED_SUPPORT_SLOPE"]
 SHARED_NEXT_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.SHARED_NEXT_LOGIT"])
 
 
-@dataclass(frozen=True)
-class LeadEvidence:
+class LeadEvidence(NamedTuple):
     """Where a lead was found: ``context`` tokens matched by its pool's key, ``support`` times its
     first token followed them (:meth:`~.pool.NgramPool.support`), ``shared``: in the shared pool."""
 
     context: int = 1
     support: int = 1
     shared: bool = False
+
+
+NO_EVIDENCE = LeadEvidence()  # a step whose pools found no lead
 
 
 def _sigmoid(z: float) -> float:
@@ -297,7 +300,7 @@ class Acceptance:
         accepted: int,
         window_columns: int,
         window_accepted: int,
-        evidence: LeadEvidence = LeadEvidence(),
+        evidence: LeadEvidence = NO_EVIDENCE,
         lead_drafted: bool = True,
     ) -> None:
         """One verified step: a lead of ``lead`` tokens (found on ``evidence``), of which
@@ -311,7 +314,8 @@ class Acceptance:
         self.window_column.add(window_accepted, window_columns)
 
 
-@dataclass(frozen=True)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(slots=True)
 class DraftOptions:
     """What one request could draft this step (known before the tree is built)."""
 
@@ -329,7 +333,8 @@ class DraftOptions:
         return len(self.lead_gains)
 
 
-@dataclass(frozen=True)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(slots=True)
 class DraftPlan:
     lead: int = 0
     candidates: int = 0  # further candidates after the lead

@@ -21,7 +21,8 @@ from .request import RequestLookahead, StepCandidates, StepDraft
 from .step_cost import StepCost
 
 
-@dataclass(frozen=True)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(slots=True)
 class DraftRequest:
     """One request's part of a step: its state, its candidates and what bounds its tree."""
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .draft_length import DraftLength
-from .draft_rule import Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
+from .draft_rule import NO_EVIDENCE, Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
 from .mode import DraftMode
 from .pool import SharedPools, int_list
 from .request_text import Lookup, RequestText
@@ -56,10 +56,10 @@ _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 _ROOT_SOURCES = np.zeros(1, dtype=np.int8)  # the root's Source (0)
 _ROOT_SOURCES.setflags(write=False)
-_NO_EVIDENCE = LeadEvidence()  # a step whose pools found no lead
 
 
-@dataclass(frozen=True, eq=False)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(eq=False, slots=True)
 class StepDraft:
     tree: DraftTree
     window_nodes: np.ndarray  # (W,) output node ids of the window; (0,) if left out this step
@@ -68,7 +68,7 @@ class StepDraft:
     sources: np.ndarray | None = None  # int8 (tree.size,): each node's Source (None: not tracked)
     window_start: int | None = None  # first node of the lookahead branch (None: left out this step)
     shadow_token: int = -1  # the first lead token the draft rule left out (-1: none)
-    lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (for the acceptance record)
+    lead_evidence: LeadEvidence = NO_EVIDENCE  # where the lead was found (for the acceptance record)
     window_sourced: bool = False  # some node's Source is the window (its branch, or a pool n-gram it made)
 
     @property
@@ -77,7 +77,8 @@ class StepDraft:
         return int((self.window_nodes >= 0).sum())
 
 
-@dataclass(frozen=True)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(slots=True)
 class StepCandidates:
     """What the pools offer below one root this step, before a tree is built."""
 
@@ -85,7 +86,7 @@ class StepCandidates:
     lead: tuple[int, ...]  # the lead candidate, grown to the request's lead length (or cut to the room)
     lead_sources: list[int]
     others: list[tuple[tuple[int, ...], int]]  # further candidates (and their Source), most likely first
-    lead_evidence: LeadEvidence = LeadEvidence()  # where the lead was found (the rule's confidence in it)
+    lead_evidence: LeadEvidence = NO_EVIDENCE  # where the lead was found (the rule's confidence in it)
     lead_odds: tuple[float, float] | None = None  # the rule's LeadConfidence.odds of it (None: not asked)
 
 
@@ -165,7 +166,7 @@ class RequestLookahead:
         cut or grown to (0: no lead), the evidence it was found on (``looked``) and the rule's odds
         of it."""
         if not found or room <= 0:
-            return 0, _NO_EVIDENCE, None
+            return 0, NO_EVIDENCE, None
         config = self.config
         # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
         # its length follows what was accepted (DraftLength).

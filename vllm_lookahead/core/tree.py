@@ -33,7 +33,8 @@ _ROOT_DEPTHS = _readonly(np.array([0], dtype=np.int32))
 _ROOT_LOGITS = _readonly(np.array([True]))
 
 
-@dataclass(frozen=True, eq=False)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(eq=False)
 class DraftTree:
     """One decode step's draft for one request, as a token tree.
 

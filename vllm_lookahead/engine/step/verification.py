@@ -282,7 +282,8 @@ def _node_argmax(logits: torch.Tensor, batch: TreeBatch, num_reqs: int) -> np.nd
     return out
 
 
-@dataclass(frozen=True)
+# not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
+@dataclass(slots=True)
 class _Plan:
     """What one tree request's verification needs, known before the sampler runs."""
 
