@@ -679,3 +679,37 @@ def test_a_draft_of_nothing_is_the_root_alone_with_its_shadow_token(window_size,
         assert draft.window_nodes.size == 0 and draft.window_start is None
     state.catch_up([5, 6, 7, 5, 6, cands.lead[0]])  # the left-out token was the one emitted
     assert state.acceptance.lead.first_record.hits == 1.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.sampled_from([int(s) for s in Source if s])), min_size=1, max_size=12),
+    st.integers(0, 14),
+    st.booleans(),
+)
+def test_a_lead_alone_is_the_chain_a_tree_builder_makes(lead, cut, window_left_out):
+    """A draft of the lead alone -- no further candidate, no window column -- is made without a
+    tree builder: the same tree, sources and record as the builder's chain."""
+    from vllm_lookahead.core.request import StepCandidates
+    from vllm_lookahead.core.tree import TreeBuilder
+
+    tokens, sources = tuple(t for t, _ in lead), [s for _, s in lead]
+    config = make_config(window_size=4 if window_left_out else 0, guess_set_size=3)
+    state = RequestLookahead(config, [1, 2, 3, 4, 5], seed=0)
+    evidence = LeadEvidence(2, 3)
+    cands = StepCandidates(7, tokens, sources, [((1, 2), int(Source.OUTPUT))], lead_evidence=evidence)
+    draft = state.build(cands, lead=cut, candidates=0, window_columns=0)
+    if cut == 0:
+        assert draft.tree.size == 1
+        return
+    kept = min(cut, len(tokens))
+    builder = TreeBuilder(7)
+    builder.add_chain(0, tokens[:kept], needs_logits=True, merge=True, sources=sources[:kept])
+    want = builder.build()
+    for name in ("tokens", "parents", "depths", "logits"):
+        np.testing.assert_array_equal(getattr(draft.tree, name), getattr(want, name))
+    np.testing.assert_array_equal(draft.sources, builder.sources)
+    assert draft.window_sourced == builder.has_source(Source.WINDOW)
+    assert (draft.num_candidates, draft.lead_tokens, draft.window_start) == (1, kept, None)
+    assert draft.shadow_token == (tokens[kept] if kept < len(tokens) else -1)
+    assert draft.lead_evidence == evidence and draft.window_columns == 0

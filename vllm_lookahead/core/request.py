@@ -239,6 +239,8 @@ class RequestLookahead:
             window is None or (window_columns is not None and window.tree_nodes(window_columns) == 0)
         ):
             return self._nothing_drafted(cands, window_columns if window is not None else 0)
+        if window is None and (candidates == 0 or not cands.others):
+            return self._lead_drafted(cands, lead_tokens)
         builder = TreeBuilder(cands.root)
         merge = config.ablation.merge_candidates if merge is None else merge
         used = 0
@@ -278,6 +280,22 @@ class RequestLookahead:
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
         return draft
+
+    def _lead_drafted(self, cands: StepCandidates, lead_tokens: tuple[int, ...]) -> StepDraft:
+        """:meth:`build`'s draft of the lead alone (most drafts of a full batch): a chain, made
+        without a tree builder."""
+        sources = cands.lead_sources[: len(lead_tokens)]
+        self._unsent = None
+        return StepDraft(
+            tree=DraftTree.chain((cands.root, *lead_tokens)),
+            window_nodes=_NO_NODES,
+            num_candidates=1,
+            lead_tokens=len(lead_tokens),
+            sources=np.array([0, *sources], dtype=np.int8),
+            shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
+            lead_evidence=cands.lead_evidence,
+            window_sourced=Source.WINDOW in sources,
+        )
 
     def _nothing_drafted(self, cands: StepCandidates, window_columns: int) -> StepDraft:
         """:meth:`build`'s draft when it drafts nothing (the most common step in a full batch, so

@@ -16,6 +16,7 @@ draft token list to a prefix.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -31,6 +32,16 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 _ROOT_PARENTS = _readonly(np.array([-1], dtype=np.int32))
 _ROOT_DEPTHS = _readonly(np.array([0], dtype=np.int32))
 _ROOT_LOGITS = _readonly(np.array([True]))
+
+
+@functools.lru_cache(maxsize=256)
+def _chain_layout(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chain's parents, depths and logits (read-only, shared by every chain of ``n`` nodes)."""
+    return (
+        _readonly(np.arange(-1, n - 1, dtype=np.int32)),
+        _readonly(np.arange(n, dtype=np.int32)),
+        _readonly(np.ones(n, dtype=bool)),
+    )
 
 
 # not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
@@ -122,12 +133,7 @@ class DraftTree:
         n = len(tokens)
         if n < 1:
             raise ValueError("a chain needs at least the root token")
-        return DraftTree(
-            tokens=_readonly(np.asarray(tokens, dtype=np.int64).copy()),
-            parents=_readonly(np.arange(-1, n - 1, dtype=np.int32)),
-            depths=_readonly(np.arange(n, dtype=np.int32)),
-            logits=_readonly(np.ones(n, dtype=bool)),
-        )
+        return DraftTree(_readonly(np.array(tokens, dtype=np.int64)), *_chain_layout(n))
 
     def validate(self) -> None:
         """Raise ``ValueError`` if the arrays do not describe a valid tree."""
