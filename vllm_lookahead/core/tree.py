@@ -133,7 +133,9 @@ class DraftTree:
         n = len(tokens)
         if n < 1:
             raise ValueError("a chain needs at least the root token")
-        return DraftTree(_readonly(np.array(tokens, dtype=np.int64)), *_chain_layout(n))
+        tree = DraftTree(_readonly(np.array(tokens, dtype=np.int64)), *_chain_layout(n))
+        tree.__dict__["first_branch_node"] = n  # the cached property, known: no node branches
+        return tree
 
     def validate(self) -> None:
         """Raise ``ValueError`` if the arrays do not describe a valid tree."""

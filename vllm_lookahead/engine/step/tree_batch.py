@@ -115,9 +115,13 @@ class TreeBatch:
         rows: list[int] = []
         positions: list[int] = []
         for tr in self.requests:  # a few trees of a few dozen nodes: lists, then one array each
-            if tr.num_nodes > 1:
-                rows.extend(range(tr.token_start + 1, tr.token_start + tr.num_nodes))
-                positions.extend((tr.tree.depths[1:] + tr.context_len).tolist())
+            n = tr.num_nodes
+            if n > 1:
+                rows.extend(range(tr.token_start + 1, tr.token_start + n))
+                if tr.first_branch_node == n:  # a chain: node i at depth i
+                    positions.extend(range(tr.context_len + 1, tr.context_len + n))
+                else:
+                    positions.extend((tr.tree.depths[1:] + tr.context_len).tolist())
         return np.array(rows, dtype=np.int64), np.array(positions, dtype=np.int64)
 
 
