@@ -38,9 +38,12 @@ def greedy_verify(tree: DraftTree, argmax: np.ndarray) -> tuple[np.ndarray, int]
     if argmax.shape != (n,):
         raise ValueError(f"argmax has shape {argmax.shape}, expected ({n},)")
     if tree.first_branch_node == n:  # a chain below the root: the accepted path is its matching prefix
-        matches = tree.logits[1:] & (tree.tokens[1:] == argmax[:-1])
-        k = n - 1 if matches.all() else int(np.argmin(matches))
-        return np.arange(1, k + 1, dtype=np.int64), int(argmax[k])
+        # (a few nodes: a walk over lists costs less than the numpy passes)
+        tokens, logits, said = tree.tokens.tolist(), tree.logits.tolist(), argmax.tolist()
+        k = 0
+        while k < n - 1 and logits[k + 1] and tokens[k + 1] == said[k]:
+            k += 1
+        return np.arange(1, k + 1, dtype=np.int64), said[k]
     parents = tree.parents
     # Local (non-recursive) condition, vectorised; validity then propagates in
     # topological order in one pass.

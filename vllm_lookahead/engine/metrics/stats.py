@@ -148,7 +148,8 @@ class StepReport:
         if draft is None:  # a foreign chain: depth = nodes
             self.trees[req_id] = (n - 1, n - 1, 0, 0, [0] * outcome.num_accepted)
             return
-        depth = int(draft.tree.depths[:n].max()) if n > 1 else 0
+        tree = draft.tree
+        depth = n - 1 if tree.first_branch_node >= n else int(tree.depths[:n].max())  # a chain: n - 1
         start = draft.window_start
         window = int(start is not None and start < n)
         self.trees[req_id] = (depth, n - 1, int(draft.num_candidates), window, list(outcome.path_sources))

@@ -163,8 +163,11 @@ def verify_trees(
     cursor = 0
     for tr, plan in zip(batch.requests, plans, strict=True):
         k = len(tr.logit_nodes)
-        argmax = np.full(tr.num_nodes, -1, dtype=np.int64)
-        argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
+        if k == tr.num_nodes:  # every node has logits (a lead's chain)
+            argmax = np.array(tree_argmax[cursor : cursor + k], dtype=np.int64)
+        else:
+            argmax = np.full(tr.num_nodes, -1, dtype=np.int64)
+            argmax[tr.logit_nodes] = tree_argmax[cursor : cursor + k]
         t0 = time.perf_counter()
         items.append(_prepare(sm, tr, plan, kept, argmax, root_tokens[tr.batch_index], walks=noise is not None))
         items[-1].seconds += time.perf_counter() - t0
