@@ -256,16 +256,11 @@ class RequestLookahead:
                 used += 1
         window_start = None
         window_nodes = np.zeros(0, dtype=np.int64)
-        if self.window is not None and window_columns != 0:
-            if window_columns is None:
-                window_columns = self.window.window_size if builder.size - 1 + self.window_tokens <= room else 0
-            else:
-                window_columns = min(window_columns, self.window.window_size)
-                while window_columns and builder.size - 1 + self.window.tree_nodes(window_columns) > room:
-                    window_columns -= 1
+        if window is not None:
+            window_columns = self._columns_that_fit(window, window_columns, room - (builder.size - 1))
             if window_columns:
                 window_start = builder.size  # the lookahead branch: every node from here on
-                window_nodes = self.window.add_to_tree(builder, root=0, columns=window_columns)
+                window_nodes = window.add_to_tree(builder, root=0, columns=window_columns)
         draft = StepDraft(
             tree=builder.build(),
             window_nodes=window_nodes,
@@ -280,6 +275,16 @@ class RequestLookahead:
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
         return draft
+
+    def _columns_that_fit(self, window: JacobiWindow, columns: int | None, room: int) -> int:
+        """The window columns :meth:`build` adds within ``room`` draft nodes: the first
+        ``columns`` or as many of them as fit (None: the whole window, if it fits)."""
+        if columns is None:
+            return window.window_size if self.window_tokens <= room else 0
+        columns = min(columns, window.window_size)
+        while columns and window.tree_nodes(columns) > room:
+            columns -= 1
+        return columns
 
     def _lead_drafted(self, cands: StepCandidates, lead_tokens: tuple[int, ...]) -> StepDraft:
         """:meth:`build`'s draft of the lead alone (most drafts of a full batch): a chain, made
