@@ -135,20 +135,22 @@ def _mask_stop_tokens(
 
 
 def sampling_logits(
-    logits: torch.Tensor | None, sampling_metadata: Any, batch_index: int | Sequence[int]
+    logits: torch.Tensor | None, sampling_metadata: Any, batch_index: int | Sequence[int], in_place: bool = False
 ) -> torch.Tensor:
     """Step 6 for random requests: temperature, then top-k/top-p (masked entries -inf); its
     softmax is the distribution vLLM's sampler draws from.  ``batch_index``: the request every
     row belongs to, or one per row (the rows of several requests in one pass, each with its own
     settings, as vLLM's sampler takes a batch: elementwise and row by row, so a row's result
-    does not depend on the rows beside it)."""
+    does not depend on the rows beside it).  ``in_place``: ``logits`` is the caller's to
+    overwrite (a gathered copy), no new tensor is made for the temperature."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
     assert logits is not None
     sm = sampling_metadata
     rows = [batch_index] * logits.shape[0] if isinstance(batch_index, int) else list(batch_index)
     at = torch.tensor(rows, dtype=torch.long, device=sm.temperature.device)
-    out = logits.div(sm.temperature[at].to(logits.dtype).unsqueeze(1))
+    temperature = sm.temperature[at].to(logits.dtype).unsqueeze(1)
+    out = logits.div_(temperature) if in_place else logits.div(temperature)
     k = sm.top_k[at] if sm.top_k is not None else None  # gathers: vLLM's op may change k in place
     p = sm.top_p[at] if sm.top_p is not None else None
     return apply_top_k_top_p(out, k, p)

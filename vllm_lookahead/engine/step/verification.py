@@ -422,7 +422,8 @@ def _walk_together(noise: SamplerNoise | None, sm: Any, items: list[_Verifying],
             processed = shared.index_select(0, torch.from_numpy(index).to(shared.device))
         else:
             processed = torch.stack([item.processed[item.row_of(node)] for item, node in walking])
-        rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking])
+        # the rows are a gathered copy: tempered in place
+        rows = target_dist.sampling_logits(processed, sm, [item.tr.batch_index for item, _ in walking], in_place=True)
         if sm.max_num_logprobs is not None:  # the processed logprobs modes read them again
             for (item, node), row in zip(walking, rows, strict=True):
                 item._sampling[node] = row
