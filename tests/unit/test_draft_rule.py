@@ -18,6 +18,7 @@ from vllm_lookahead.core.draft_rule import (
     DraftPlan,
     LeadConfidence,
     PooledConfidence,
+    StepOptions,
     lead_floor,
     plan_step,
 )
@@ -354,6 +355,36 @@ def test_the_compiled_plan_is_the_rules_plan(options, cost, extra):
     (tests/support/draft_plan_reference.py), makes: the same sums in the same order, the same ties."""
     base = None if extra is None else len(options) + extra
     assert plan_step(options, cost, base_tokens=base) == plan_step_reference(options, cost, base_tokens=base)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.floats(0, 1),
+            st.integers(0, 12),
+            st.lists(st.integers(1, 6), max_size=4),
+            st.integers(0, 4),
+            st.integers(1, 5),
+            st.floats(0, 2),
+            st.floats(0, 0.01),
+        ),
+        max_size=12,
+    ),
+    _cost(),
+)
+def test_a_step_lays_out_what_the_rule_plans_from_records(requests, cost):
+    """What a step appends per request (StepOptions.add_request: a lead's odds, a window's fill)
+    is the DraftOptions the rule is defined on, and plans as those records do."""
+    step, records = StepOptions(), []
+    for p, q, lead, cand_rows, size, filled, gain, fixed in requests:
+        step.add_request((p, q), lead, cand_rows, gain, filled, size, gain / 2, fixed, fixed / 3)
+        cols = (filled - 1, *(filled,) * (size - 1)) if size else ()
+        gains = LeadConfidence().gains(E(), lead, (p, q))
+        records.append(DraftOptions(gains, tuple(cand_rows), gain, cols, gain / 2, fixed, fixed / 3))
+    assert [step.options(r) for r in range(len(step))] == records
+    assert [DraftPlan(*plan) for plan in zip(*step.plan(cost))] == plan_step(records, cost)
 
 
 def test_the_compiled_plan_breaks_ties_as_the_rule_does():

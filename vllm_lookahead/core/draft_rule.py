@@ -359,6 +359,109 @@ def lead_floor(cost: StepCost, base_tokens: int, span: int) -> float:
     return max(0.0, cheapest) / cost.chain_forward(base_tokens)
 
 
+class StepOptions:
+    """A step's draft options laid out flat, as the compiled plan reads them (:mod:`.plan_loop`):
+    each request's :class:`DraftOptions` one row of a few lists, appended by :meth:`add` -- or by
+    :meth:`add_request` straight from what a request knows (its lead's odds, its window's fill),
+    with no record made per request (:func:`~.drafting.draft_step`, every step)."""
+
+    __slots__ = ("gains", "lead_at", "rows", "cand_at", "col_at", "scalars", "present")
+
+    def __init__(self) -> None:
+        self.gains: list[float] = []
+        self.lead_at = [0]
+        self.rows: list[int] = []
+        self.cand_at = [0]
+        self.col_at: list[int] = []
+        self.scalars: list[float] = []  # four per request: plan_loop's CAND_GAIN, COL_GAIN, FIXED, PER_TOKEN
+        self.present: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def add(self, o: DraftOptions | None) -> None:
+        """One request's options (None: it cannot draft)."""
+        if o is None:
+            self.col_at.append(len(self.rows))
+            self.scalars += (0.0, 0.0, 0.0, 0.0)
+        else:
+            self.gains += o.lead_gains
+            self.rows += o.candidate_rows
+            self.col_at.append(len(self.rows))
+            self.rows += o.window_column_rows
+            self.scalars += (o.candidate_gain, o.window_column_gain, o.fixed_seconds, o.token_seconds)
+        self.present.append(o is not None)
+        self.lead_at.append(len(self.gains))
+        self.cand_at.append(len(self.rows))
+
+    def add_request(
+        self,
+        lead_odds: tuple[float, float],
+        lead: int,
+        candidate_rows: Sequence[int],
+        candidate_gain: float,
+        window_filled: int,
+        window_size: int,
+        window_column_gain: float,
+        fixed_seconds: float,
+        token_seconds: float,
+    ) -> None:
+        """One request's options as :meth:`add` lays out ``DraftOptions(lead_gains=<lead tokens of a
+        lead with odds lead_odds>, window_column_rows=<a window of window_size columns filled to
+        window_filled levels>, ...)``: a lead token's gain is ``first * next ** i``
+        (:meth:`LeadConfidence.gains`), a window's first column has one row less (the root is its
+        first level); ``window_size`` 0: no window."""
+        g, q = lead_odds
+        gains = self.gains
+        for _ in range(lead):
+            gains.append(g)
+            g *= q
+        rows = self.rows
+        rows += candidate_rows
+        self.col_at.append(len(rows))
+        if window_size:
+            rows.append(window_filled - 1)
+            rows += (window_filled,) * (window_size - 1)
+        self.scalars += (candidate_gain, window_column_gain, fixed_seconds, token_seconds)
+        self.present.append(True)
+        self.lead_at.append(len(gains))
+        self.cand_at.append(len(rows))
+
+    def options(self, r: int) -> DraftOptions | None:
+        """Request ``r``'s options as a record (None: it cannot draft)."""
+        if not self.present[r]:
+            return None
+        col, scalars = self.col_at[r], self.scalars[4 * r : 4 * r + 4]
+        return DraftOptions(
+            lead_gains=tuple(self.gains[self.lead_at[r] : self.lead_at[r + 1]]),
+            candidate_rows=tuple(self.rows[self.cand_at[r] : col]),
+            candidate_gain=scalars[0],
+            window_column_rows=tuple(self.rows[col : self.cand_at[r + 1]]),
+            window_column_gain=scalars[1],
+            fixed_seconds=scalars[2],
+            token_seconds=scalars[3],
+        )
+
+    def plan(self, cost: StepCost, base_tokens: int | None = None) -> tuple[list[int], list[int], list[int]]:
+        """Every request's plan (see :func:`plan_step`): its lead tokens, further candidates and
+        window columns, three lists in the requests' order."""
+        n = len(self.present)
+        out = np.zeros((3, n), dtype=np.int64)
+        plan_loops().plan(
+            np.array(self.gains, dtype=np.float64),
+            np.array(self.lead_at, dtype=np.int64),
+            np.array(self.rows, dtype=np.int64),
+            np.array(self.cand_at, dtype=np.int64),
+            np.array(self.col_at, dtype=np.int64),
+            np.array(self.scalars, dtype=np.float64).reshape(n, 4),
+            np.array(self.present, dtype=np.bool_),
+            *cost.terms(),
+            float(n if base_tokens is None else base_tokens),
+            *out,
+        )
+        return out.tolist()
+
+
 def plan_step(
     options: Sequence[DraftOptions | None], cost: StepCost, base_tokens: int | None = None
 ) -> list[DraftPlan]:
@@ -376,39 +479,13 @@ def plan_step(
     one, as vLLM's sampler samples each token without speculation) is paid by every piece in
     proportion to its expected tokens: ``dT`` grows by ``g * token_seconds``.
 
-    The walk itself is one compiled call over the batch's options laid out flat (:mod:`.plan_loop`).
+    The walk itself is one compiled call over the batch's options laid out flat (:class:`StepOptions`,
+    :mod:`.plan_loop`).
     """
-    n = len(options)
-    gains: list[float] = []
-    rows: list[int] = []
-    lead_at, cand_at, col_at, scalars, present = [0], [0], [], [], []
+    step = StepOptions()
     for o in options:
-        if o is not None:
-            gains.extend(o.lead_gains)
-            rows.extend(o.candidate_rows)
-            col_at.append(len(rows))
-            rows.extend(o.window_column_rows)
-            scalars.append((o.candidate_gain, o.window_column_gain, o.fixed_seconds, o.token_seconds))
-        else:
-            col_at.append(len(rows))
-            scalars.append((0.0, 0.0, 0.0, 0.0))
-        present.append(o is not None)
-        lead_at.append(len(gains))
-        cand_at.append(len(rows))
-    out = np.zeros((3, n), dtype=np.int64)
-    plan_loops().plan(
-        np.array(gains, dtype=np.float64),
-        np.array(lead_at, dtype=np.int64),
-        np.array(rows, dtype=np.int64),
-        np.array(cand_at, dtype=np.int64),
-        np.array(col_at, dtype=np.int64),
-        np.array(scalars, dtype=np.float64).reshape(n, 4),
-        np.array(present, dtype=np.bool_),
-        *cost.terms(),
-        float(n if base_tokens is None else base_tokens),
-        *out,
-    )
-    return [DraftPlan(lead, cands, cols) for lead, cands, cols in zip(*out.tolist())]
+        step.add(o)
+    return [DraftPlan(lead, cands, cols) for lead, cands, cols in zip(*step.plan(cost, base_tokens))]
 
 
 def compile_plan() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .draft_rule import plan_step
+from .draft_rule import StepOptions
 from .request import RequestLookahead, StepCandidates, StepDraft
 from .step_cost import StepCost
 
@@ -51,21 +51,11 @@ def draft_step(
         ]
     if not requests:
         return []
-    options = [
-        r.state.draft_options(
-            r.candidates, window=r.window, fixed_seconds=r.verify_seconds, token_seconds=r.token_seconds
-        )
-        for r in requests
-    ]
-    plans = plan_step(options, cost, base_tokens=base_tokens)
+    options = StepOptions()
+    for r in requests:
+        r.state.lay_out_options(options, r.candidates, r.window, r.verify_seconds, r.token_seconds)
+    leads, cands, cols = options.plan(cost, base_tokens)
     return [
-        r.state.build(
-            r.candidates,
-            lead=p.lead,
-            candidates=p.candidates,
-            window_columns=p.window_columns,
-            merge=r.merge,
-            budget=r.room,
-        )
-        for r, p in zip(requests, plans)
+        r.state.build(r.candidates, lead=lead, candidates=c, window_columns=w, merge=r.merge, budget=r.room)
+        for r, lead, c, w in zip(requests, leads, cands, cols)
     ]

@@ -3,7 +3,7 @@
 The rule (the module docstring of :mod:`.draft_rule`) walks every drafting request's lead tokens,
 further candidates and window columns best-first, asking the forward-cost model a few hundred
 times a step at a few dozen drafting requests; in Python that is ~15 us per drafting request.
-Here the batch's options come in as flat arrays (laid out by :func:`~.draft_rule.plan_step`), the
+Here the batch's options come in as flat arrays (laid out by :class:`~.draft_rule.StepOptions`), the
 cost model as its profile and fitted terms (:meth:`~.step_cost.StepCost.terms`), and one call
 returns every request's plan.  Every sum and comparison is made in the same order as the rule's
 definition, so the plans are the same.

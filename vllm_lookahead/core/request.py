@@ -40,7 +40,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .draft_length import DraftLength
-from .draft_rule import NO_EVIDENCE, Acceptance, DraftOptions, LeadConfidence, LeadEvidence, PooledConfidence
+from .draft_rule import (
+    NO_EVIDENCE,
+    Acceptance,
+    DraftOptions,
+    LeadConfidence,
+    LeadEvidence,
+    PooledConfidence,
+    StepOptions,
+)
 from .mode import DraftMode
 from .pool import SharedPools, int_list
 from .request_text import Lookup, RequestText
@@ -200,23 +208,34 @@ class RequestLookahead:
         self, cands: StepCandidates, window: bool = True, fixed_seconds: float = 0.0, token_seconds: float = 0.0
     ) -> DraftOptions:
         """What the draft rule (:func:`~.draft_rule.plan_step`) may choose from for ``cands``,
-        with this request's expected acceptance and its host prices (``DraftOptions``).  The lead's
-        gains come from the odds its candidates were made with (:attr:`StepCandidates.lead_odds`):
+        with this request's expected acceptance and its host prices, as one record (what
+        :meth:`lay_out_options` lays out)."""
+        step = StepOptions()
+        self.lay_out_options(step, cands, window, fixed_seconds, token_seconds)
+        return step.options(0)  # type: ignore[return-value]
+
+    def lay_out_options(
+        self, step: StepOptions, cands: StepCandidates, window: bool, fixed_seconds: float, token_seconds: float
+    ) -> None:
+        """Append this request's options for ``cands`` to the step's (:meth:`.StepOptions.add_request`).
+        The lead's gains come from the odds its candidates were made with (:attr:`StepCandidates.lead_odds`):
         the records they rest on change only when a request observes a step, and the engine
         observes every request's step before it asks any request for candidates."""
         acc = self.acceptance
-        rows: tuple[int, ...] = ()
-        if window and self.window is not None:
-            filled = self.window.filled
-            rows = (filled - 1, *([filled] * (self.window.window_size - 1)))
-        return DraftOptions(
-            lead_gains=acc.lead.gains(cands.lead_evidence, len(cands.lead), cands.lead_odds),
-            candidate_rows=tuple(len(c) for c, _ in cands.others),
-            candidate_gain=acc.candidate.value,
-            window_column_rows=rows,
-            window_column_gain=acc.window_column.value,
-            fixed_seconds=fixed_seconds,
-            token_seconds=token_seconds,
+        odds = cands.lead_odds
+        if odds is None:
+            odds = acc.lead.odds(cands.lead_evidence) if cands.lead else (0.0, 0.0)
+        columns = self.window
+        step.add_request(
+            odds,
+            len(cands.lead),
+            [len(c) for c, _ in cands.others],
+            acc.candidate.value,
+            columns.filled if window and columns is not None else 0,
+            columns.window_size if window and columns is not None else 0,
+            acc.window_column.value,
+            fixed_seconds,
+            token_seconds,
         )
 
     def build(
