@@ -41,6 +41,7 @@ was fitted on and the command that refits it, are in ``core/fitted.json`` (:mod:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -216,12 +217,16 @@ class LeadConfidence:
     next_record: _Calibration = field(default_factory=_Calibration)
     pooled: PooledConfidence | None = None  # the engine's drafted leads of the same kind (None: no pooled shift)
 
+    # the fitted model's log-odds of a piece of evidence (a few hundred distinct ones; asked for
+    # every lead offered and every lead observed)
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def _first_logit(e: LeadEvidence) -> float:
         first, slope = (SHARED_FIRST_LOGIT, SHARED_SUPPORT_SLOPE) if e.shared else (LEAD_FIRST_LOGIT, SUPPORT_SLOPE)
         return _by_context(first, e.context) + slope * math.log(max(e.support, 1))
 
     @staticmethod
+    @functools.lru_cache(maxsize=64)
     def _next_logit(e: LeadEvidence) -> float:
         return _by_context(SHARED_NEXT_LOGIT if e.shared else LEAD_NEXT_LOGIT, e.context)
 

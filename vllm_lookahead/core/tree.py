@@ -35,12 +35,13 @@ _ROOT_LOGITS = _readonly(np.array([True]))
 
 
 @functools.lru_cache(maxsize=256)
-def _chain_layout(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A chain's parents, depths and logits (read-only, shared by every chain of ``n`` nodes)."""
+def _chain_layout(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A chain's parents, depths, logits and logit rows (read-only, shared by every chain of ``n`` nodes)."""
     return (
         _readonly(np.arange(-1, n - 1, dtype=np.int32)),
         _readonly(np.arange(n, dtype=np.int32)),
         _readonly(np.ones(n, dtype=bool)),
+        _readonly(np.arange(n, dtype=np.int64)),
     )
 
 
@@ -124,8 +125,9 @@ class DraftTree:
         return rows
 
     def logit_rows(self) -> np.ndarray:
-        """int64 indices of the nodes whose logits are computed, ascending."""
-        return np.flatnonzero(self.logits)
+        """int64 indices of the nodes whose logits are computed, ascending (a chain's: known)."""
+        rows = self.__dict__.get("_logit_rows")
+        return np.flatnonzero(self.logits) if rows is None else rows
 
     @staticmethod
     def chain(tokens: Sequence[int]) -> DraftTree:
@@ -133,8 +135,10 @@ class DraftTree:
         n = len(tokens)
         if n < 1:
             raise ValueError("a chain needs at least the root token")
-        tree = DraftTree(_readonly(np.array(tokens, dtype=np.int64)), *_chain_layout(n))
+        parents, depths, logits, rows = _chain_layout(n)
+        tree = DraftTree(_readonly(np.array(tokens, dtype=np.int64)), parents, depths, logits)
         tree.__dict__["first_branch_node"] = n  # the cached property, known: no node branches
+        tree.__dict__["_logit_rows"] = rows  # every node
         return tree
 
     def validate(self) -> None:

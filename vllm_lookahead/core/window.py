@@ -33,6 +33,8 @@ def _sample(rng: np.random.Generator, tokens: Sequence[int], count: int) -> np.n
     if len(tokens) == 0:
         return np.zeros(count, dtype=np.int64)
     picks = rng.integers(0, len(tokens), size=count)
+    if isinstance(tokens, np.ndarray):  # a step's fill: the request's recent tokens
+        return tokens[picks].astype(np.int64)
     return np.asarray([int(tokens[p]) for p in picks], dtype=np.int64)
 
 
