@@ -1,7 +1,8 @@
 """A batch of requests' pools learnt into and asked in one compiled call per phase
 (:class:`~vllm_lookahead.core.pool_batch.PoolBatch`) against each request's own calls: the same
 candidates (lead, sources, evidence, odds, further candidates) and the same pools afterwards,
-through learning, lookups, pools growing and requests leaving and joining."""
+through learning, lookups, pools growing and requests leaving and joining, for requests whose
+records shift their leads' odds each their own way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support import make_config
+from vllm_lookahead.core.draft_rule import LeadEvidence, PooledConfidence
 from vllm_lookahead.core.pool_batch import PoolBatch, compile_batch
 from vllm_lookahead.core.request import RequestLookahead
 
@@ -25,8 +27,10 @@ class Twin:
     """One request twice: asked on its own (the reference) and through the batch."""
 
     def __init__(self, config, prompt: list[int], batch: PoolBatch, row: int, tokens: np.ndarray) -> None:
-        self.own = RequestLookahead(config, prompt, seed=0)
-        self.batched = RequestLookahead(config, prompt, seed=0)
+        self.own, self.batched = (RequestLookahead(config, prompt, seed=0, pooled=PooledConfidence()) for _ in range(2))
+        for state in (self.own, self.batched):  # records of its own that shift its leads' odds
+            for tried, accepted in ((3, 2), (1, 0), (6, 6))[: row % 4]:
+                state.acceptance.lead.observe(LeadEvidence(1 + row % 3, 1 + row), tried, accepted)
         assert batch.add(self.batched.text)
         self.history = list(prompt)
         self.row = row

@@ -242,11 +242,16 @@ class LeadConfidence:
         """``(first(e), next(e))``: what :meth:`gains` and :meth:`tokens_above` are made of, worked
         out once where a step asks both (the records do not change between the two); asked for
         every lead a step offers, so the two are worked out side by side."""
+        first, next_shift = self.shifts()
+        return _sigmoid(self._first_logit(e) + first), _sigmoid(self._next_logit(e) + next_shift)
+
+    def shifts(self) -> tuple[float, float]:
+        """The log-odds shifts of first and next tokens: the request's record's plus the pooled one's."""
         first, next_shift = self.first_record.shift, self.next_record.shift
         if self.pooled is not None:
             first += self.pooled.first.shift
             next_shift += self.pooled.next.shift
-        return _sigmoid(self._first_logit(e) + first), _sigmoid(self._next_logit(e) + next_shift)
+        return first, next_shift
 
     def gains(self, e: LeadEvidence, length: int, odds: tuple[float, float] | None = None) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
@@ -317,6 +322,40 @@ class Acceptance:
         if candidates > 0:
             self.candidate.add(max(0, accepted - lead_accepted), candidates)
         self.window_column.add(window_accepted, window_columns)
+
+
+_OWN_TABLES = (np.array(LEAD_FIRST_LOGIT), np.array(LEAD_NEXT_LOGIT))  # the compiled lead_lengths' tables
+
+
+def own_lead_lengths(
+    confidences: Sequence[LeadConfidence],
+    context: Sequence[int],
+    support: Sequence[int],
+    rooms: Sequence[int],
+    floors: Sequence[float],
+    spans: Sequence[int],
+) -> tuple[list[int], list[list[float]]]:
+    """The leads a batch of requests found in their own pools (not the shared one), ``context[r]``
+    tokens matched (0: none found) with ``support[r]``, under the rule: per request the lead
+    length :meth:`.RequestLookahead.lead_request` asks for (``spans[r]``: its ``max_lead_tokens``,
+    ``floors[r]``: its ``min_gain``) and ``confidences[r].odds`` of the lead, in one compiled call
+    (:func:`.plan_loop.lead_lengths`)."""
+    R = len(confidences)
+    lengths = np.zeros(R, dtype=np.int64)
+    odds = np.zeros((R, 2), dtype=np.float64)
+    plan_loops().lead_lengths(
+        np.array(context, dtype=np.int64),
+        np.array(support, dtype=np.int64),
+        np.array([c.shifts() for c in confidences], dtype=np.float64).reshape(R, 2),
+        np.array(rooms, dtype=np.int64),
+        np.array(floors, dtype=np.float64),
+        np.array(spans, dtype=np.int64),
+        *_OWN_TABLES,
+        SUPPORT_SLOPE,
+        lengths,
+        odds,
+    )
+    return lengths.tolist(), odds.tolist()
 
 
 # not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
@@ -498,3 +537,4 @@ def compile_plan() -> None:
     not in the first step that drafts."""
     option = DraftOptions((0.9, 0.5), (2,), 0.1, (0, 3), 0.1, fixed_seconds=1e-4, token_seconds=1e-5)
     plan_step([option, None], StepCost.linear(0.01, 1e-4, tree_row=1e-4))
+    own_lead_lengths([LeadConfidence()], [1], [1], [4], [0.05], [8])

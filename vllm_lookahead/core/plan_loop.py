@@ -16,11 +16,15 @@ Per request ``r``, the options are:
 - ``scalars[r]``: candidate gain, window-column gain, fixed price, price per accepted token;
 - ``present[r]``: 0 for a request without options (it drafts nothing).
 
+:func:`lead_lengths` is the rule's other compiled loop: how long each of a batch's leads is looked
+up to (:func:`~.draft_rule.own_lead_lengths`, from :class:`~.pool_batch.PoolBatch`).
+
 Compiled by :func:`load` on first use (numba is not imported before; see :mod:`.ngram_table`).
 """
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -272,7 +276,43 @@ def _plan_branches(rows, cand_at, col_at, scalars, present, xs, ys, terms, step,
         step[TIME] = _forward(xs, ys, terms, step[TOKENS], step[TREE_ROWS]) + step[FIXED_TOTAL]
 
 
-_INLINED = ("_chain", "_forward", "_before", "_swap")  # compiled into their callers
+def _sigmoid(z):
+    """draft_rule._sigmoid."""
+    return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
+
+
+def lead_lengths(context, support, shifts, rooms, floors, spans, first_table, next_table, slope, lengths, odds):
+    """For each request ``r`` whose lookup found a lead after ``context[r]`` tokens (0: none) with
+    ``support[r]`` in its own pools: the rule's odds of it (:meth:`~.draft_rule.LeadConfidence.odds`,
+    the request's and pooled log-odds shifts in ``shifts[r]``; the fitted tables of own-text leads)
+    into ``odds[r]``, and the length :meth:`~.request.RequestLookahead.lead_request` asks for under
+    the rule into ``lengths[r]``: one more token than pay ``floors[r]``
+    (:meth:`~.draft_rule.LeadConfidence.tokens_above`), at most ``spans[r]`` and ``rooms[r]`` (0
+    and no odds where nothing was found or there is no room).  The same operations in the same
+    order as the Python, so the same floats."""
+    for r in range(len(context)):
+        lengths[r] = 0
+        odds[r, 0] = odds[r, 1] = 0.0
+        c = context[r]
+        if c <= 0 or rooms[r] <= 0:
+            continue
+        first = first_table[min(max(c, 1), len(first_table)) - 1] + slope * math.log(max(support[r], 1))
+        p = _sigmoid(first + shifts[r, 0])
+        q = _sigmoid(next_table[min(max(c, 1), len(next_table)) - 1] + shifts[r, 1])
+        odds[r, 0], odds[r, 1] = p, q
+        floor, span = floors[r], spans[r]
+        if p < floor or p <= 0:
+            above = 0
+        elif floor <= 0 or q >= 1:
+            above = span
+        elif q <= 0:
+            above = 1
+        else:
+            above = min(span, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
+        lengths[r] = min(rooms[r], span, 1 + above)
+
+
+_INLINED = ("_chain", "_forward", "_before", "_swap", "_sigmoid")  # compiled into their callers
 _HELPERS = (
     "_push",
     "_pop",
@@ -282,7 +322,7 @@ _HELPERS = (
     "_drop_leads_that_lower_the_rate",
     "_plan_branches",
 )
-LOOPS = ("plan",)
+LOOPS = ("plan", "lead_lengths")
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
 
 

@@ -8,8 +8,9 @@ arrays of every admitted request's pools in one numba typed list -- a block of e
 request, an entry rewritten when its pool's arrays grow (:attr:`~.pool.NgramPool.on_grow`) -- so
 a step learns every observing request's new tokens in one call, reading them from the engine's
 token array (:meth:`PoolBatch.learn`), and asks every proposing request's pools in two
-(:meth:`PoolBatch.step_candidates`: the lookups; each request's choice of its lead's length, in
-Python as the draft rule's records are; the leads' growth).
+(:meth:`PoolBatch.step_candidates`: the lookups, then the leads' growth), with every request's
+choice of its lead's length between them in one more (the draft rule's,
+:func:`~.draft_rule.own_lead_lengths`, from each request's records).
 
 What a request learns and is answered is what its own calls give: the same n-grams in the same
 order into the same pools, the same lookups in the same order (requests' pools are independent,
@@ -28,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .draft_rule import NO_EVIDENCE, LeadEvidence, own_lead_lengths
+from .mode import DraftMode
 from .ngram_table import load, new_meta
 from .pool import NgramPool, _empty_table
 from .request import RequestLookahead, StepCandidates
-from .request_text import RequestText
+from .request_text import Lookup, RequestText
 from .source import Source
 
 if TYPE_CHECKING:
@@ -165,14 +168,37 @@ class PoolBatch:
         found_sources = np.zeros((R, self._rows), dtype=np.int64)
         answers = np.zeros((R, 3), dtype=np.int64)
         self._loops.lookup_rows(*where, self.config.guess_set_size, found, found_sources, answers)
-        leads = []  # each request's candidates, and its lead's length, evidence and odds
-        for (state, _, _, _, room, max_candidates, min_gain), (n, first, support), out, sources in zip(
+        looks = []  # each request's candidates and its lookup
+        for (state, *_, max_candidates, _), (n, first, support), out, sources in zip(
             asks, answers.tolist(), found, found_sources
         ):
             looked = state.text.answer(out, sources, n, first, support)
-            cands = looked.found if max_candidates is None else looked.found[:max_candidates]
-            leads.append((cands, *state.lead_request(cands, looked, room, min_gain)))
-        return self._leads(where, found, found_sources, leads)
+            looks.append((looked.found if max_candidates is None else looked.found[:max_candidates], looked))
+        return self._leads(where, found, found_sources, self._lead_requests(asks, looks))
+
+    @staticmethod
+    def _lead_requests(asks: Sequence[tuple], looks: list[tuple[list, Lookup]]) -> list[tuple]:
+        """:meth:`.RequestLookahead.lead_request` of each ask: its candidates, its lead's length,
+        evidence and odds -- under the draft rule all in one compiled call (the pools asked are the
+        requests' own: no lead is the shared pool's)."""
+        lengths, odds = own_lead_lengths(
+            [ask[0].acceptance.lead for ask in asks],
+            [looked.context for _, looked in looks],
+            [looked.support for _, looked in looks],
+            [ask[4] for ask in asks],
+            [ask[6] for ask in asks],
+            [ask[0].config.lead_tokens for ask in asks],
+        )
+        leads = []
+        for (state, _, _, _, room, _, min_gain), (cands, looked), length, lead_odds in zip(asks, looks, lengths, odds):
+            if state.config.mode is not DraftMode.AUTO:
+                leads.append((cands, *state.lead_request(cands, looked, room, min_gain)))
+            elif cands and room > 0:
+                evidence = LeadEvidence(looked.context, max(1, looked.support), False)
+                leads.append((cands, length, evidence, tuple(lead_odds)))
+            else:
+                leads.append((cands, 0, NO_EVIDENCE, None))
+        return leads
 
     def _leads(self, where: tuple, found: np.ndarray, found_sources: np.ndarray, leads: list) -> list[StepCandidates]:
         """:meth:`step_candidates`' leads grown in one call, and each request's candidates."""

@@ -56,6 +56,8 @@ from .source import Source
 from .tree import DraftTree, TreeBuilder
 from .window import JacobiWindow
 
+_SHARED = int(Source.SHARED)  # a found continuation's source, as lookups give it (an int)
+
 if TYPE_CHECKING:  # the parameters: a validated config (pydantic, no engine)
     from vllm_lookahead.config import LookaheadConfig
 
@@ -176,18 +178,16 @@ class RequestLookahead:
         if not found or room <= 0:
             return 0, NO_EVIDENCE, None
         config = self.config
-        # Under the draft rule the lead is offered whole and the rule cuts it; under a fixed cap
-        # its length follows what was accepted (DraftLength).
-        evidence = LeadEvidence(looked.context, max(1, looked.support), shared=found[0][1] == Source.SHARED)
-        odds = None
-        if config.mode is DraftMode.AUTO:
-            # one more than can pay: a left-out token is still checked against the emitted one
-            odds = self.acceptance.lead.odds(evidence)
-            above = self.acceptance.lead.tokens_above(evidence, min_gain, config.lead_tokens, odds)
-            length = min(config.lead_tokens, 1 + above)
-        else:
-            length = self.lead_length.current
-        return min(room, length), evidence, odds
+        evidence = LeadEvidence(looked.context, max(1, looked.support), found[0][1] == _SHARED)
+        if config.mode is not DraftMode.AUTO:
+            # under a fixed cap its length follows what was accepted (DraftLength)
+            return min(room, self.lead_length.current), evidence, None
+        # Under the draft rule the lead is offered whole and the rule cuts it, one token more than
+        # can pay: a left-out token is still checked against the emitted one.
+        confidence = self.acceptance.lead
+        odds = confidence.odds(evidence)
+        above = confidence.tokens_above(evidence, min_gain, config.lead_tokens, odds)
+        return min(room, config.lead_tokens, 1 + above), evidence, odds
 
     @staticmethod
     def candidates(
