@@ -337,9 +337,9 @@ def own_lead_lengths(
 ) -> tuple[list[int], list[list[float]]]:
     """The leads a batch of requests found in their own pools (not the shared one), ``context[r]``
     tokens matched (0: none found) with ``support[r]``, under the rule: per request the lead
-    length :meth:`.RequestLookahead.lead_request` asks for (``spans[r]``: its ``max_lead_tokens``,
-    ``floors[r]``: its ``min_gain``) and ``confidences[r].odds`` of the lead, in one compiled call
-    (:func:`.plan_loop.lead_lengths`)."""
+    length :meth:`.RequestLookahead.lead_request` asks for (``spans[r]``: its config's
+    ``lead_tokens``, ``floors[r]``: its ``min_gain``) and ``confidences[r].odds`` of the lead, in
+    one compiled call (:func:`.plan_loop.lead_lengths`)."""
     R = len(confidences)
     lengths = np.zeros(R, dtype=np.int64)
     odds = np.zeros((R, 2), dtype=np.float64)
