@@ -50,9 +50,17 @@ def test_batch_layout_mixed_with_plain_rows():
     expected = [9, *(10 + logit_nodes).tolist(), 10 + n]
     assert batch.logits_indices.tolist() == expected
     assert batch.sample_rows.tolist() == [0, 1, 1 + len(logit_nodes)]
-    rows, pos = batch.positions_update()
-    assert rows.tolist() == list(range(11, 10 + n))
-    assert pos.tolist() == (20 + draft.tree.depths[1:]).tolist()
+    positions = _vllm_positions(qsl, [0, 20, 30])
+    batch.write_positions(positions)
+    assert positions[:10].tolist() == list(range(10)) and positions[10 + n] == 30
+    assert positions[10 : 10 + n].tolist() == (20 + draft.tree.depths).tolist()
+
+
+def _vllm_positions(query_start_loc, computed) -> torch.Tensor:
+    """The positions vLLM computes for a step's rows: a request's row ``k`` at ``computed + k``."""
+    return torch.from_numpy(
+        np.concatenate([c + np.arange(b - a) for a, b, c in zip(query_start_loc[:-1], query_start_loc[1:], computed)])
+    )
 
 
 def test_logits_rows_as_drafts_matches_logits_layout():
@@ -147,5 +155,11 @@ def test_every_layout_reads_each_requests_rows(requests, roots_first):
         assert batch.sample_rows.tolist() == list(range(len(req_ids)))
     else:  # request by request: a request's rows follow the one before
         assert batch.sample_rows.tolist() == sorted(set(batch.sample_rows.tolist()))
-    update_rows, update_positions = batch.positions_update()
-    assert update_rows.tolist() == rows and update_positions.tolist() == positions
+    vllm_positions = _vllm_positions(qsl, computed)
+    written = vllm_positions.clone()
+    batch.write_positions(written)
+    assert written[rows].tolist() == positions
+    untouched = np.ones(len(written), dtype=bool)
+    untouched[rows] = False
+    assert torch.equal(written[untouched], vllm_positions[untouched])
+    assert set(batch.branch_positions()[0].tolist()) <= set(rows)  # a chain's rows stay vLLM's

@@ -197,17 +197,14 @@ class RunnerLookahead:
         )
         if batch is None:
             return result
-        rows, positions = batch.positions_update()
-        runner.positions[torch.from_numpy(rows).to(runner.device)] = torch.from_numpy(positions).to(
-            device=runner.device, dtype=runner.positions.dtype
-        )
+        batch.write_positions(runner.positions)
         table = ib.block_table[0]
         batch.slot_mapping = table.slot_mapping.gpu[: int(qsl[-1])]
         batch.block_table = table.get_device_tensor(num_reqs)
         batch.kv = self.kv
         self.batch = batch
         if self.timing.timing_step:
-            self.timing.tree_rows(sum(tr.num_nodes - tr.first_branch_node for tr in batch.requests))
+            self.timing.tree_rows(sum(tr.num_nodes - tr.first_branch_node for tr in batch.branching))
         _, spec_meta, max_sampled = result
         return batch.logits_indices, spec_meta, max_sampled
 

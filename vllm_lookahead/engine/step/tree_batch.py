@@ -110,19 +110,36 @@ class TreeBatch:
             view[tr.req_id] = [0] * (len(tr.logit_nodes) - 1)
         return view
 
-    def positions_update(self) -> tuple[np.ndarray, np.ndarray]:
-        """(token rows, RoPE positions) of every draft row."""
-        rows: list[int] = []
-        positions: list[int] = []
-        for tr in self.requests:  # a few trees of a few dozen nodes: lists, then one array each
-            n = tr.num_nodes
-            if n > 1:
-                rows.extend(range(tr.token_start + 1, tr.token_start + n))
-                if tr.first_branch_node == n:  # a chain: node i at depth i
-                    positions.extend(range(tr.context_len + 1, tr.context_len + n))
-                else:
-                    positions.extend((tr.tree.depths[1:] + tr.context_len).tolist())
-        return np.array(rows, dtype=np.int64), np.array(positions, dtype=np.int64)
+    def branch_positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token rows, RoPE positions) of the draft rows whose position is not vLLM's: each
+        branching tree's rows from its first branch on.  vLLM gives a request's row ``k`` the
+        position ``context_len + k``, which is node ``k``'s ``context_len + depth`` up to there
+        (and for every row of a chain)."""
+        rows, positions = [], []
+        for tr in self.branching:
+            first = tr.first_branch_node
+            rows.append(np.arange(tr.token_start + first, tr.token_start + tr.num_nodes, dtype=np.int64))
+            positions.append(tr.tree.depths[first:].astype(np.int64) + tr.context_len)
+        if not rows:
+            return _NO_ROWS, _NO_ROWS
+        return np.concatenate(rows), np.concatenate(positions)
+
+    def write_positions(self, positions: torch.Tensor) -> None:
+        """Give the draft rows their tree positions in vLLM's ``positions`` (which it computed for
+        linear drafts this step): the rows of :meth:`branch_positions` only, written in place on a
+        CPU, with one host-to-device copy elsewhere."""
+        rows, values = self.branch_positions()
+        if not len(rows):
+            return
+        if positions.device.type == "cpu":
+            positions.numpy()[rows] = values
+            return
+        both = torch.from_numpy(np.concatenate([rows, values])).to(positions.device)
+        positions[both[: len(rows)]] = both[len(rows) :].to(positions.dtype)
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.setflags(write=False)
 
 
 def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[DraftTree, StepDraft | None]:
