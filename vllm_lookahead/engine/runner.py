@@ -63,6 +63,7 @@ from vllm_lookahead.engine.propose.step_timing import StepTiming
 from vllm_lookahead.engine.propose.thinking_budget import ThinkingLimit
 from vllm_lookahead.engine.step.kv import PagedKV
 from vllm_lookahead.engine.step.kv_layers import paged_kv_of
+from vllm_lookahead.engine.step.layout_loop import compile_layout
 from vllm_lookahead.engine.step.sampler_noise import compile_draw
 from vllm_lookahead.engine.step.tree_batch import TreeBatch, build_tree_batch
 from vllm_lookahead.engine.step.verification import StepOutcome, sample_one_row_per_request, verify_step
@@ -149,10 +150,11 @@ class RunnerLookahead:
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
-        the pools' loops, the draft rule's and (on a CPU) the sampled draw's, profile the forward
-        cost.  Returns the attention backend's name."""
+        the pools' loops, the step layout's, the draft rule's and (on a CPU) the sampled draw's,
+        profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
+        compile_layout()
         if torch.device(self.runner.device).type == "cpu":
             compile_draw()  # sampled walks draw on CPU tensors there
         if self.config.mode is DraftMode.AUTO:

@@ -17,7 +17,8 @@ draft tokens in tree node order.  This module turns the per-request
   bitmask walks logits rows request by request (``1 + drafts`` each), so steps with structured
   output keep each request's rows together.
 
-Only torch and numpy here; :class:`~vllm_lookahead.engine.runner.RunnerLookahead`
+Only torch and numpy here (the logits rows in one compiled loop, :mod:`.layout_loop`);
+:class:`~vllm_lookahead.engine.runner.RunnerLookahead`
 feeds it vLLM's arrays and owns the batch for the step (the attention wrapper and
 the grammar hook read it through :mod:`~vllm_lookahead.engine.hooks.step_context`).
 """
@@ -33,6 +34,7 @@ import torch
 
 from vllm_lookahead.core import DraftTree, StepDraft
 from vllm_lookahead.engine.step.kv import PagedKV
+from vllm_lookahead.engine.step.layout_loop import load as layout_loops
 
 
 @dataclass
@@ -176,36 +178,26 @@ def build_tree_batch(
     spec_at = [i for i, req_id in enumerate(req_ids) if scheduled_spec.get(req_id)]
     if not spec_at:
         return None
-    starts = np.asarray(query_start_loc[:n], dtype=np.int64)
     requests = [
         _tree_request(
-            i, req_ids[i], draft_of(req_ids[i]), scheduled_spec[req_ids[i]], int(starts[i]), num_scheduled, num_computed
+            i,
+            req_ids[i],
+            draft_of(req_ids[i]),
+            scheduled_spec[req_ids[i]],
+            int(query_start_loc[i]),
+            num_scheduled,
+            num_computed,
         )
         for i in spec_at
     ]
-    trees = np.array(spec_at, dtype=np.int64)  # batch indices of the requests with trees
-    sizes = np.array([len(tr.logit_nodes) for tr in requests], dtype=np.int64)  # logits rows per tree
-    firsts = np.cumsum(sizes) - sizes  # where each tree's rows begin among all trees' rows
-    nodes = np.concatenate([tr.logit_nodes for tr in requests])
-    node_rows = np.repeat(starts[trees], sizes) + nodes  # token rows of every tree's logit nodes
-    last = starts + np.asarray(num_scheduled[:n], dtype=np.int64) - 1  # a plain row's logits: its last token
-    if roots_first:
-        roots = last.copy()
-        roots[trees] = node_rows[firsts]  # a tree's root is its node 0
-        after_root = np.ones(len(nodes), dtype=bool)
-        after_root[firsts] = False
-        logits_rows = np.concatenate([roots, node_rows[after_root]])
-        sample_rows = np.arange(n, dtype=np.int64)
-        tree_rows = np.empty(len(nodes), dtype=np.int64)
-        tree_rows[firsts] = trees
-        tree_rows[after_root] = n + np.arange(len(nodes) - len(requests), dtype=np.int64)
-    else:
-        per_request = np.ones(n, dtype=np.int64)
-        per_request[trees] = sizes
-        sample_rows = np.cumsum(per_request) - per_request  # each request's first logits row
-        logits_rows = np.repeat(last, per_request)
-        tree_rows = np.repeat(sample_rows[trees] - firsts, sizes) + np.arange(len(nodes), dtype=np.int64)
-        logits_rows[tree_rows] = node_rows
+    logits_rows, sample_rows, tree_rows = layout_loops().logits_layout(
+        query_start_loc,
+        num_scheduled[:n],
+        np.array(spec_at, dtype=np.int64),
+        np.array([len(tr.logit_nodes) for tr in requests], dtype=np.int64),
+        np.concatenate([tr.logit_nodes for tr in requests]),
+        roots_first,
+    )
     return TreeBatch(
         requests=requests,
         logits_indices=torch.from_numpy(logits_rows).to(device),
