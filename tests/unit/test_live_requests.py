@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_lookahead.engine.propose.live_requests import LiveRequest, LiveRequests, first_rest_shift
+from vllm_lookahead.engine.propose.live_requests import COUNT_EVERY, LiveRequest, LiveRequests, first_rest_shift
 
 
 def _state(name: str, pool_ngrams: int = 0) -> SimpleNamespace:
@@ -98,6 +98,29 @@ def test_the_pool_count_follows_the_requests_counted_again():
     live.count_pools("a")
     assert live.pool_ngrams == 16
     live.forget(["b"])
+    assert live.pool_ngrams == 9
+    live.forget(["a"])
+    assert live.pool_ngrams == 0
+
+
+def test_the_pools_that_learnt_are_counted_every_few_steps():
+    """The gauge follows the requests that learnt, counted together every COUNT_EVERY steps (a
+    request gone meanwhile is not counted; an idle engine reads 0)."""
+    live = LiveRequests()
+    a, b = _state("a", 5), _state("b", 7)
+    live.add_state("a", a)
+    live.add_state("b", b)
+    a.text.pool_ngrams, b.text.pool_ngrams = 9, 8
+    live.learnt(["a", "b"])
+    live.forget(["b"])
+    for _ in range(COUNT_EVERY - 1):
+        live.new_step()
+        assert live.pool_ngrams == 5
+    live.new_step()
+    assert live.pool_ngrams == 9
+    a.text.pool_ngrams = 11  # not said to have learnt: not counted again
+    for _ in range(COUNT_EVERY):
+        live.new_step()
     assert live.pool_ngrams == 9
     live.forget(["a"])
     assert live.pool_ngrams == 0

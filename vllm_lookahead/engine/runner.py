@@ -367,16 +367,15 @@ class RunnerLookahead:
             start = state.text.known
             state.catch_up(history, learn=not batched)
         if not batched:
-            self.live.count_pools(req_id)
+            self.live.learnt((req_id,))
         elif length > start:
             learning.append((req_id, state, i, start, length))  # type: ignore[union-attr]
         return state
 
     def _learn(self, learning: list[tuple[str, RequestLookahead, int, int, int]], tokens: np.ndarray) -> None:
-        """The batch learns what :meth:`_observe` left to it, and the requests' pools are counted."""
+        """The batch learns what :meth:`_observe` left to it (the requests' pools counted at the next count)."""
         self.pools.learn([x[1].text for x in learning], tokens, *zip(*(x[2:] for x in learning)))
-        for req_id, *_ in learning:
-            self.live.count_pools(req_id)
+        self.live.learnt(x[0] for x in learning)
 
     def _state_build(self, prompt: list[int] | None, sp: Any) -> functools.partial[RequestLookahead]:
         """What builds a new request's state: its own settings (extra_args, validated where vLLM

@@ -19,7 +19,8 @@ the engine core from what the workers reported) becomes, in vLLM's naming and la
 ``vllm:lookahead_undrafted_requests_total`` counter    finished requests that never had a draft, by
                                                        ``reason`` (min_p, logit_bias, ..., no_room,
                                                        batch_full, no_candidate)
-``vllm:lookahead_pool_ngrams``              gauge      n-grams in the live requests' pools
+``vllm:lookahead_pool_ngrams``              gauge      n-grams in the live requests' pools (a
+                                                       request's recounted every 16 steps)
 ``vllm:lookahead_request_states``           gauge      requests with lookahead state, by ``holder``
                                                        (worker, scheduler): follows the running
                                                        requests if finished/aborted ones are freed

@@ -13,7 +13,8 @@ A request's record holds, by lifetime:
   nothing, how many it still skips (under the draft rule, :meth:`LiveRequests.offered`), and how
   much of each rest it cuts;
 * ``pool_ngrams`` -- its pools' size when last counted: :attr:`LiveRequests.pool_ngrams`, the
-  pool gauge, is their running sum.
+  pool gauge, is their running sum.  A request that learnt is counted again with the others that
+  learnt since, every :data:`COUNT_EVERY` steps (:meth:`LiveRequests.learnt`), not on each step.
 
 :class:`LiveRequests` is the one place that changes them over a request's life: a proposal
 takes the outcome (and the draft it verified), a new step drops outcomes nobody observed,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from vllm_lookahead.engine.step.verification import StepOutcome
 
 
+COUNT_EVERY = 16  # steps between two counts of the pools that learnt (the gauge lags by at most this)
 _GOLDEN = 0.6180339887498949  # the golden ratio's fraction: its multiples mod 1 spread evenly
 YIELD_DECAY = 0.99  # per offer: the engine's draft yield remembers about its last 100 offers
 
@@ -66,6 +68,8 @@ class LiveRequests:
         self._records: dict[str, LiveRequest] = {}
         self._verified: list[str] = []  # requests given an outcome since the step began
         self.pool_ngrams = 0  # n-grams the live requests' pools hold, as last counted
+        self._learnt: set[str] = set()  # requests whose pools learnt since they were last counted
+        self._steps = 0  # steps begun (new_step), for COUNT_EVERY
         self._phase = 0.0  # the next record's phase: golden-ratio steps spread any run of records over [0, 1)
         self.draft_yield = 1.0  # decayed share of offers to the draft rule that drafted (YIELD_DECAY)
 
@@ -104,6 +108,17 @@ class LiveRequests:
         held = record.state.text.pool_ngrams if record.state is not None else 0
         self.pool_ngrams += held - record.pool_ngrams
         record.pool_ngrams = held
+
+    def learnt(self, req_ids: Iterable[str]) -> None:
+        """The requests' pools learnt: they are counted again at the next count (:meth:`new_step`)."""
+        self._learnt.update(req_ids)
+
+    def _count_learnt(self) -> None:
+        records = self._records
+        for req_id in self._learnt:
+            if req_id in records:
+                self.count_pools(req_id)
+        self._learnt.clear()
 
     def set_draft(self, req_id: str, draft: StepDraft) -> None:
         self._record(req_id).draft = draft
@@ -153,7 +168,11 @@ class LiveRequests:
         record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
 
     def new_step(self) -> None:
-        """A step begins: outcomes of the last one that no proposal observed are dropped."""
+        """A step begins: outcomes of the last one that no proposal observed are dropped; every
+        :data:`COUNT_EVERY` steps the pools that learnt meanwhile are counted."""
+        self._steps += 1
+        if self._steps % COUNT_EVERY == 0:
+            self._count_learnt()
         for req_id in self._verified:
             record = self._records.get(req_id)
             if record is not None:
