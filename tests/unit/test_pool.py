@@ -342,8 +342,8 @@ def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_se
 def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
     """In a fresh process: loading the plugin imports no numba (vLLM's CPU worker scans every loaded
     module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``,
-    ``compile_plan`` and ``compile_layout`` (start-up) leave none of the loops a step calls to
-    compile later."""
+    ``compile_plan``, ``compile_layout`` and ``compile_tree`` (start-up) leave none of the loops a
+    step calls to compile later."""
     check = (
         "import sys\n"
         "from vllm_lookahead.engine.hooks import plugin\n"
@@ -380,5 +380,13 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "qsl = i32(0, 1, 4)\n"  # vLLM's arrays
         "build_tree_batch(['a', 'b'], {'b': [2, 3]}, {'b': draft}.get, qsl, np.diff(qsl), i32(0, 0), 'cpu', True)\n"
         "assert len(l.logits_layout.signatures) == 1, l.logits_layout.signatures\n"
+        "from vllm_lookahead.core import tree as tr\n"
+        "tr.compile_tree()\n"
+        "assert len(tr._loops().words.signatures) == 1\n"
+        "from vllm_lookahead.core import TreeBuilder\n"
+        "builder = TreeBuilder(1)\n"
+        "builder.add_nodes([0, 0], [2, 3], True)\n"
+        "builder.build().ancestor_words()\n"  # a branching tree as the engine's are made
+        "assert len(tr._loops().words.signatures) == 1, tr._loops().words.signatures\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True)

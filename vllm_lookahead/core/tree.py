@@ -20,6 +20,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -32,6 +33,30 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 _ROOT_PARENTS = _readonly(np.array([-1], dtype=np.int32))
 _ROOT_DEPTHS = _readonly(np.array([0], dtype=np.int32))
 _ROOT_LOGITS = _readonly(np.array([True]))
+
+
+def _words_loop(parents, words):
+    """Each node's ancestors and itself as bits of ``words`` (uint32 rows, zeros on entry): its
+    parent's row (an earlier node: parents come first) and its own bit."""
+    for i in range(len(parents)):
+        p = parents[i]
+        if p >= 0:
+            for w in range(words.shape[1]):
+                words[i, w] = words[p, w]
+        words[i, i >> 5] |= np.uint32(1) << np.uint32(i & 31)
+
+
+@functools.lru_cache(maxsize=1)
+def _loops() -> SimpleNamespace:
+    """The compiled loop (numba, ``cache=True``), made on first use: see :func:`.ngram_table.load`."""
+    from numba import njit
+
+    return SimpleNamespace(words=njit(cache=True)(_words_loop))
+
+
+def compile_tree() -> None:
+    """Compile :meth:`DraftTree.ancestor_words`' loop for the trees' arrays before the first step."""
+    DraftTree.chain([0, 1]).ancestor_words()
 
 
 @functools.lru_cache(maxsize=256)
@@ -110,11 +135,12 @@ class DraftTree:
     def ancestor_words(self) -> np.ndarray:
         """int32 (n, ceil(n / 32)): :meth:`ancestor_mask` packed 32 nodes to a word -- bit ``j % 32``
         of word ``j // 32`` of row ``i`` set iff ``m[i, j]`` -- as the Triton kernel reads it
-        (:func:`~vllm_lookahead.kernels.tree_attention.ancestor_bits`), made without the mask."""
+        (:func:`~vllm_lookahead.kernels.tree_attention.ancestor_bits`), made without the mask in
+        one compiled loop (:func:`_words_loop`: its parent's words and its own bit)."""
         n = self.size
-        width = 4 * -(-n // 32)
-        packed = b"".join(row.to_bytes(width, "little") for row in self._ancestor_rows())
-        return np.frombuffer(packed, dtype="<i4").reshape(n, width // 4)
+        words = np.zeros((n, -(-n // 32)), dtype=np.uint32)
+        _loops().words(self.parents, words)
+        return words.view("<i4")
 
     def _ancestor_rows(self) -> list[int]:
         """Each node's ancestors and itself as the bits of one Python int: its parent's and its own

@@ -50,6 +50,7 @@ from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.pool_batch import PoolBatch
 from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.request_text import compile_pools
+from vllm_lookahead.core.tree import compile_tree
 from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
 from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
 from vllm_lookahead.engine.metrics.stats import LookaheadStats, StepReport
@@ -150,13 +151,15 @@ class RunnerLookahead:
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
-        the pools' loops, the step layout's, the draft rule's and (on a CPU) the sampled draw's,
-        profile the forward cost.  Returns the attention backend's name."""
+        the pools' loops, the step layout's, the draft rule's, on a CPU the sampled draw's and
+        elsewhere the trees' ancestor words', profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
         compile_layout()
         if torch.device(self.runner.device).type == "cpu":
             compile_draw()  # sampled walks draw on CPU tensors there
+        else:
+            compile_tree()  # the Triton kernel's plan reads the trees' ancestor words
         if self.config.mode is DraftMode.AUTO:
             compile_plan()
             self.timing.cost, self.timing.frozen = agree_across_ranks(profile_forward_cost(self.runner))
