@@ -21,8 +21,10 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
 ``report``     :meth:`~RunnerLookahead.take_report`: the step's report for the scheduler
 
 What the device does is not here (``device_time``: the engine thread sleeps through each step's
-forward as the cost model prices it, between the attention and verify phases; ``between``, if set,
-runs there too: the engine check's stand-in for a forward on this CPU): the forward, each
+forward as the cost model prices it, between the attention and verify phases; without it the new
+requests' states the step started are built there, untimed, as the engine's worker thread builds
+them while the forward runs; ``between``, if set, runs there too: the engine check's stand-in for a
+forward on this CPU): the forward, each
 tree node's argmax and vLLM's sample at the roots (greedy: read off the recording, as greedy
 output does not depend on the drafts), the KV copies themselves.  Greedy, every emitted token is
 checked against the recording, so a replay that ran is an exact one.  Sampled (``temperature`` >
@@ -282,6 +284,8 @@ class LookaheadReplay:
         lap("attention", t)
         if self.forward is not None:
             self._wait_forward(total, batch, times)
+        else:
+            self._builds_in_forward()
         if self.between is not None:
             self.between()
 
@@ -333,6 +337,17 @@ class LookaheadReplay:
         time.sleep(seconds)
         if times is not None:
             times.stall.append(time.perf_counter() - t - seconds)
+
+    def _builds_in_forward(self) -> None:
+        """The new requests' states this step started (:class:`~vllm_lookahead.engine.propose.
+        state_builds.StateBuilds`), built where the forward goes and not timed: in the engine the
+        worker thread builds them while the forward runs, with the interpreter released (a short
+        prompt's in ~0.1 ms, an 8k-token one's in ~3 ms, against a forward of 8-11 ms or more on a
+        GPU; ``device_time`` sleeps through the forward instead and reports any stall past it).
+        Back to back, the worker would rarely get the interpreter before the first proposal, which
+        would then build the state itself, or hold it in the middle of another phase."""
+        for future in list(getattr(self.state.builds, "_pending", {}).values()):
+            future.result()
 
     def _now(self) -> tuple[float, float]:
         """The time, and the garbage collector's seconds so far."""

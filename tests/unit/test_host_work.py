@@ -107,6 +107,15 @@ sampled = LookaheadReplay(streams, 4, {"max_tokens_per_step": 0}, step_cost(H100
 drawn = StepTimes()
 for _ in range(30):  # full trees, sampled from a model peaked at the recording, walks with the sampler's noise
     sampled.step(drawn)
+import threading
+import vllm_lookahead.engine.runner as runner_module
+back, threads, new_state = LookaheadReplay(streams, 4, {}, step_cost(H100), 256), [], runner_module._new_state
+def counted(*args):
+    threads.append(threading.current_thread().name)
+    return new_state(*args)
+for _ in range(40):  # back to back: no device time
+    back.step(None)
+    runner_module._new_state = counted  # from the second step on: the engine drafts, states are built ahead
 anchor = AnchorReplay("ngram", streams, 4, 256)
 seconds, ngram = [], [0, 0]
 for _ in range(30):
@@ -121,6 +130,7 @@ json.dump({
     "ngram_steps": len(seconds), "ngram_drafted": ngram[0], "ngram_emitted": ngram[1],
     "sampled_drafted": sum(drawn.draft_tokens), "sampled_emitted": sum(drawn.emitted),
     "sampled_decoding": sum(drawn.decoding), "sampled_verify_s": sum(drawn.seconds["verify"]),
+    "ahead_builds": [sum(t.startswith("lookahead-states") for t in threads), len(threads)],
 }, sys.stdout)
 """
 
@@ -144,6 +154,8 @@ def test_the_replays_are_exact_draft_and_time_every_phase(tmp_path):
     # sampled: trees walked with the sampler's noise, some of their tokens accepted
     assert got["sampled_drafted"] > 0 and got["sampled_emitted"] > got["sampled_decoding"] > 0
     assert got["sampled_verify_s"] > 0
+    # back to back (no device time), new requests' states are built where the forward goes, on the worker thread
+    assert got["ahead_builds"][1] > 0 and got["ahead_builds"][0] == got["ahead_builds"][1]
 
     out = tmp_path / "hw"
     args = ["--batch-sizes", "1", "8", "--contexts", "0", "2048", "--steps", "10", "--warmup", "5", "--out", str(out)]
