@@ -369,10 +369,12 @@ class RequestLookahead:
         num_new = len(accepted_tokens)
         if num_new < 1:
             raise ValueError("at least the bonus token is accepted each step")
-        tail, start = self.text.tail(num_new, history)
-
         window_nodes = draft.window_nodes
-        if window_nodes.size and self.window is not None:
+        runs_window = window_nodes.size and self.window is not None
+        # the end of the text, which the window and learning read (a step of a chain in a batch
+        # that learns on its own reads neither)
+        tail, start = self.text.tail(num_new, history) if runs_window or learn else (None, 0)
+        if runs_window:
             was_run = (window_nodes >= 0) & (window_nodes < num_nodes_run)
             outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
             outputs[was_run] = argmax[window_nodes[was_run]]

@@ -94,11 +94,8 @@ class _Ask(NamedTuple):
     thinking: ThinkingLimit | None
     root: int  # its last token
     history: np.ndarray  # its tokens so far
-
-    @property
-    def max_candidates(self) -> int | None:
-        """Structured output drafts a chain: the lead alone (vLLM masks chain positions only)."""
-        return 1 if eligibility.chain_only(self.sp) else None
+    max_candidates: int | None  # 1 for structured output: a chain, the lead alone (vLLM masks chain positions only)
+    greedy: bool
 
 
 class RunnerLookahead:
@@ -278,7 +275,6 @@ class RunnerLookahead:
         max_rest = self.timing.request_rest(decoding) if rule and can_draft else 0
         req_ids = self.runner.input_batch.req_ids
         drafts: list[list[int]] = [[] for _ in req_ids]
-        wanted: list[tuple[int, str, DraftRequest, ThinkingLimit | None]] = []
         # Every request observes its step first, then those that draft ask for candidates: what
         # one request learns (the shared pools, the engine's pooled lead record) is there for all.
         observed = []
@@ -307,8 +303,7 @@ class RunnerLookahead:
                 self.report.undrafted[req_id] = ask.label
             else:
                 asks.append(ask)
-        for ask, cands in zip(asks, self._candidates(asks, token_ids_cpu, floor, batch)):
-            wanted.append((ask.i, ask.req_id, self._draft_request(ask, cands), ask.thinking))
+        wanted = self._draft_requests(asks, self._candidates(asks, token_ids_cpu, floor, batch))
         cost = self.timing.model() if rule and wanted else None
         built = drafting.draft_step([w[2] for w in wanted], cost, base_tokens=decoding)
         for (i, req_id, request, thinking), draft in zip(wanted, built):
@@ -403,7 +398,10 @@ class RunnerLookahead:
         room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
         if room <= 0:
             return reason
-        return _Ask(i, req_id, state, req_state.sampling_params, room, thinking, int(new_tokens[-1]), history)
+        sp = req_state.sampling_params
+        limit = 1 if eligibility.chain_only(sp) else None
+        root = int(new_tokens[-1])
+        return _Ask(i, req_id, state, sp, room, thinking, root, history, limit, eligibility.is_greedy(sp))
 
     def _candidates(self, asks: list[_Ask], tokens: np.ndarray, floor: float, batch: bool) -> list[StepCandidates]:
         """Each ask's candidates: those of requests in :attr:`pools` from one batch of lookups
@@ -428,19 +426,34 @@ class RunnerLookahead:
                 out[k] = ask.state.step_candidates(ask.root, recent, ask.room, ask.max_candidates, min_gain=floor)
         return out  # type: ignore[return-value]
 
-    def _draft_request(self, ask: _Ask, cands: StepCandidates) -> DraftRequest:
-        """The request's part of the step: its candidates, room and prices."""
+    def _draft_requests(
+        self, asks: list[_Ask], cands: list[StepCandidates]
+    ) -> list[tuple[int, str, DraftRequest, ThinkingLimit | None]]:
+        """Each ask's row, id, :class:`DraftRequest` and thinking limit, with its kind's prices."""
+        prices = {greedy: self._prices(greedy) for greedy in (True, False)}
+        return [
+            (ask.i, ask.req_id, self._draft_request(ask, c, prices[ask.greedy]), ask.thinking)
+            for ask, c in zip(asks, cands)
+        ]
+
+    def _prices(self, greedy: bool) -> tuple[float, float]:
+        """What verifying a tree and each accepted token cost the host for a request of this kind
+        (:meth:`.StepTiming.verify_seconds`, :meth:`.StepTiming.token_seconds`): read once per step."""
+        return self.timing.verify_seconds(greedy), self.timing.token_seconds(greedy)
+
+    @staticmethod
+    def _draft_request(ask: _Ask, cands: StepCandidates, prices: tuple[float, float]) -> DraftRequest:
+        """The request's part of the step: its candidates, room and ``prices`` (:meth:`_prices`)."""
         # Random sampling tries a node's children in turn, so candidates sharing a prefix are
         # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
-        greedy = eligibility.is_greedy(ask.sp)
         return DraftRequest(
             ask.state,
             cands,
             ask.room,
             window=ask.max_candidates is None,
-            merge=None if greedy else True,
-            verify_seconds=self.timing.verify_seconds(greedy),
-            token_seconds=self.timing.token_seconds(greedy),
+            merge=None if ask.greedy else True,
+            verify_seconds=prices[0],
+            token_seconds=prices[1],
         )
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:
