@@ -201,6 +201,6 @@ def decode_only(scheduler_output: Any) -> bool:
     counts = scheduler_output.num_scheduled_tokens
     if not counts:
         return False
-    if not spec:  # no drafts (most steps of a full batch): one token each, checked in C
-        return max(counts.values()) == 1
-    return all(n == 1 + len(spec.get(r, ())) for r, n in counts.items())
+    # Every scheduled request runs at least its last token and its scheduled drafts, so the step's
+    # tokens are that least sum exactly when each request runs no more (no prefill chunk).
+    return sum(counts.values()) == len(counts) + sum(map(len, spec.values()))
