@@ -202,8 +202,9 @@ class PoolBatch:
 
     def _leads(self, where: tuple, found: np.ndarray, found_sources: np.ndarray, leads: list) -> list[StepCandidates]:
         """:meth:`step_candidates`' leads grown in one call, and each request's candidates."""
-        want = np.array([lead[1] for lead in leads], dtype=np.int64)
-        most = max(1, int(want.max()))
+        lengths = [lead[1] for lead in leads]
+        want = np.array(lengths, dtype=np.int64)
+        most = max(1, max(lengths))
         R = len(leads)
         buf = np.zeros((R, self.config.lookup_context + most), dtype=np.int64)
         sources = np.zeros((R, most), dtype=np.int64)
