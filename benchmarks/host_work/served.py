@@ -68,8 +68,11 @@ class ServedBatch:
     def _admit(self, i: int) -> Slot:
         stream = self.streams[self._next_stream % len(self.streams)]
         self._next_stream += 1
-        prompt = list(stream.prompt[-(self.max_model_len - len(stream.output) - 1) :])
-        slot = Slot(Stream(tuple(prompt), stream.output), f"r{self._next_id}")
+        # the recording's own tuple where it fits (a tuple's full slice is itself): the engine holds
+        # a new request's prompt as one list, and a copy here would be the collector's to scan too
+        kept = stream.prompt[-(self.max_model_len - len(stream.output) - 1) :]
+        prompt = list(kept)
+        slot = Slot(Stream(kept, stream.output), f"r{self._next_id}")
         self._next_id += 1
         self.requests[slot.req_id] = SimpleNamespace(
             prompt_token_ids=prompt, sampling_params=self._params, output_token_ids=[]
