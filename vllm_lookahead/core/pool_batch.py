@@ -211,12 +211,12 @@ class PoolBatch:
         grown = np.zeros((R, 2), dtype=np.int64)
         self._loops.grow_rows(*where, found, found_sources, want, buf, sources, grown)
         out = []
-        roots = where[6].tolist()
+        # every row as lists at once: a lead is a few tokens, a row's numpy slice costs more than it
         for (cands, _, evidence, odds), (t, d), root, text, lead_sources in zip(
-            leads, grown.tolist(), roots, buf, sources
+            leads, grown.tolist(), where[6].tolist(), buf.tolist(), sources.tolist()
         ):
-            lead = tuple(text[t : t + d].tolist())
-            out.append(RequestLookahead.candidates(root, cands, lead, lead_sources[:d].tolist(), evidence, odds))
+            lead = tuple(text[t : t + d])
+            out.append(RequestLookahead.candidates(root, cands, lead, lead_sources[:d], evidence, odds))
         return out
 
 

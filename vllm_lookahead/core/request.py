@@ -33,6 +33,7 @@ tokens -- never by the pool size or the sequence length.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,7 +54,7 @@ from .mode import DraftMode
 from .pool import SharedPools, int_list
 from .request_text import Lookup, RequestText
 from .source import Source
-from .tree import DraftTree, TreeBuilder
+from .tree import DraftTree, TreeBuilder, _readonly
 from .window import JacobiWindow
 
 _SHARED = int(Source.SHARED)  # a found continuation's source, as lookups give it (an int)
@@ -66,6 +67,14 @@ _NO_NODES = np.zeros(0, dtype=np.int64)
 _NO_NODES.setflags(write=False)
 _ROOT_SOURCES = np.zeros(1, dtype=np.int8)  # the root's Source (0)
 _ROOT_SOURCES.setflags(write=False)
+_WINDOW = int(Source.WINDOW)  # a Source as a plain int, for the walks over lists
+
+
+@functools.lru_cache(maxsize=1024)
+def _chain_sources(sources: tuple[int, ...]) -> np.ndarray:
+    """A lead chain's node sources: the root's (0), then its tokens' (read-only, shared by every
+    chain of those sources: a lead's tokens mostly share one source, so a few dozen arrays)."""
+    return _readonly(np.array([0, *sources], dtype=np.int8))
 
 
 # not frozen: made per request and step, where a frozen dataclass's init costs 2-3x (design.md, "A step's records")
@@ -315,7 +324,7 @@ class RequestLookahead:
             window_nodes=_NO_NODES,
             num_candidates=1,
             lead_tokens=len(lead_tokens),
-            sources=np.array([0, *sources], dtype=np.int8),
+            sources=_chain_sources(tuple(sources)),
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
             lead_evidence=cands.lead_evidence,
             window_sourced=Source.WINDOW in sources,
@@ -374,11 +383,10 @@ class RequestLookahead:
         # the end of the text, which the window and learning read (a step of a chain in a batch
         # that learns on its own reads neither)
         tail, start = self.text.tail(num_new, history) if runs_window or learn else (None, 0)
-        if runs_window:
-            was_run = (window_nodes >= 0) & (window_nodes < num_nodes_run)
-            outputs = np.full(window_nodes.shape, -1, dtype=np.int64)
-            outputs[was_run] = argmax[window_nodes[was_run]]
-            ngrams = self.window.update(outputs, num_new - 1, tail)
+        if runs_window:  # each window column's output: its node's argmax where it ran, else -1
+            said = argmax.tolist()  # a few columns: a walk over lists costs less than numpy's passes
+            outputs = [said[node] if 0 <= node < num_nodes_run else -1 for node in window_nodes.tolist()]
+            ngrams = self.window.update(np.array(outputs, dtype=np.int64), num_new - 1, tail)
             if len(ngrams):
                 self.text.pool.add_rows(ngrams, Source.WINDOW)
         if learn:
@@ -406,15 +414,15 @@ class RequestLookahead:
         accepted = len(accepted_tokens) - 1
         lead = min(draft.lead_tokens, num_nodes_run - 1)
         drafted = lead > 0
-        lead_tokens = draft.tree.tokens[1 : lead + 1].tolist()
+        lead_tokens = draft.tree.token_list[1 : lead + 1]
         lead_accepted, checked = 0, min(lead, accepted)
         while lead_accepted < checked and lead_tokens[lead_accepted] == accepted_tokens[lead_accepted]:
             lead_accepted += 1
-        window_nodes = draft.window_nodes
-        columns = int(((window_nodes >= 0) & (window_nodes < num_nodes_run)).sum()) if window_nodes.size else 0
+        columns = sum(1 for node in draft.window_nodes.tolist() if 0 <= node < num_nodes_run)
         window_accepted = 0
         if path is not None and draft.window_sourced and len(path):
-            window_accepted = int(np.count_nonzero(np.asarray(draft.sources)[path] == Source.WINDOW))
+            sources = draft.sources.tolist()
+            window_accepted = sum(1 for node in path.tolist() if sources[node] == _WINDOW)
         further = max(0, draft.num_candidates - 1) if num_nodes_run - 1 > lead else 0
         if draft.shadow_token >= 0 and lead == draft.lead_tokens and lead_accepted == lead == accepted:
             lead += 1  # the left-out token, checked against the emitted one

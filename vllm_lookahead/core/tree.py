@@ -90,16 +90,26 @@ class DraftTree:
     def root_only(cls, root_token: int) -> DraftTree:
         """The tree of a step that drafts nothing: its root alone (what :class:`TreeBuilder`
         builds without nodes, made without one)."""
-        return cls(_readonly(np.array([int(root_token)], dtype=np.int64)), _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_LOGITS)
+        tree = cls(_readonly(np.array([int(root_token)], dtype=np.int64)), _ROOT_PARENTS, _ROOT_DEPTHS, _ROOT_LOGITS)
+        tree.__dict__["size"] = 1
+        return tree
 
-    @property
+    @cached_property
     def size(self) -> int:
+        """Nodes, root included (read many times a step: kept after the first read)."""
         return int(self.tokens.shape[0])
+
+    @cached_property
+    def token_list(self) -> list[int]:
+        """:attr:`tokens` as Python ints, made once per tree: a step reads a tree's tokens several
+        times (its draft, the scheduled prefix, the greedy match, the emitted tokens, the lead's),
+        each a few elements, where lists cost less than numpy's calls."""
+        return self.tokens.tolist()
 
     @property
     def draft_tokens(self) -> list[int]:
         """The draft tokens (every node but the root) as Python ints."""
-        return self.tokens[1:].tolist()
+        return self.token_list[1:]
 
     def prefix(self, n: int) -> DraftTree:
         """The tree made of the first ``n`` nodes (1 <= n <= size)."""
@@ -107,12 +117,14 @@ class DraftTree:
             raise ValueError(f"prefix length {n} outside [1, {self.size}]")
         if n == self.size:
             return self
-        return DraftTree(
+        tree = DraftTree(
             tokens=self.tokens[:n],
             parents=self.parents[:n],
             depths=self.depths[:n],
             logits=self.logits[:n],
         )
+        tree.__dict__["size"] = n
+        return tree
 
     @cached_property
     def first_branch_node(self) -> int:
@@ -163,7 +175,8 @@ class DraftTree:
             raise ValueError("a chain needs at least the root token")
         parents, depths, logits, rows = _chain_layout(n)
         tree = DraftTree(_readonly(np.array(tokens, dtype=np.int64)), parents, depths, logits)
-        tree.__dict__["first_branch_node"] = n  # the cached property, known: no node branches
+        tree.__dict__["size"] = n  # the cached properties, known: no node branches
+        tree.__dict__["first_branch_node"] = n
         tree.__dict__["_logit_rows"] = rows  # every node
         return tree
 
@@ -340,9 +353,11 @@ class TreeBuilder:
         return np.asarray(self._sources, dtype=np.int8)
 
     def build(self) -> DraftTree:
-        return DraftTree(
+        tree = DraftTree(
             tokens=_readonly(np.asarray(self._tokens, dtype=np.int64)),
             parents=_readonly(np.asarray(self._parents, dtype=np.int32)),
             depths=_readonly(np.asarray(self._depths, dtype=np.int32)),
             logits=_readonly(np.asarray(self._logits, dtype=bool)),
         )
+        tree.__dict__["size"] = len(self._tokens)  # the cached property, known
+        return tree

@@ -39,7 +39,7 @@ def greedy_verify(tree: DraftTree, argmax: np.ndarray) -> tuple[np.ndarray, int]
         raise ValueError(f"argmax has shape {argmax.shape}, expected ({n},)")
     if tree.first_branch_node == n:  # a chain below the root: the accepted path is its matching prefix
         # (a few nodes: a walk over lists costs less than the numpy passes)
-        tokens, logits, said = tree.tokens.tolist(), tree.logits.tolist(), argmax.tolist()
+        tokens, logits, said = tree.token_list, tree.logits.tolist(), argmax.tolist()
         k = 0
         while k < n - 1 and logits[k + 1] and tokens[k + 1] == said[k]:
             k += 1

@@ -191,7 +191,7 @@ class RunnerLookahead:
             scheduled_spec=spec,
             draft_of=self.live.draft,
             query_start_loc=qsl,
-            num_scheduled=np.diff(qsl),
+            num_scheduled=qsl[1:] - qsl[:-1],
             num_computed=ib.num_computed_tokens_cpu[:num_reqs],
             device=runner.device,
             # vLLM's grammar bitmask walks logits rows request by request

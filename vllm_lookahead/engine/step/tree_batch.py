@@ -153,7 +153,7 @@ def tree_for_scheduled(draft: StepDraft | None, scheduled: list[int]) -> tuple[D
     which is always a correct, if unhelpful, tree.
     """
     n = len(scheduled)
-    if draft is not None and n + 1 <= draft.tree.size and draft.tree.tokens[1 : n + 1].tolist() == list(scheduled):
+    if draft is not None and n + 1 <= draft.tree.size and draft.tree.token_list[1 : n + 1] == list(scheduled):
         return draft.tree.prefix(n + 1), draft
     root = int(draft.tree.tokens[0]) if draft is not None else -1
     return DraftTree.chain([root, *scheduled]), None
