@@ -343,13 +343,9 @@ def own_lead_lengths(
     R = len(confidences)
     lengths = np.zeros(R, dtype=np.int64)
     odds = np.zeros((R, 2), dtype=np.float64)
-    plan_loops().lead_lengths(
-        np.array(context, dtype=np.int64),
-        np.array(support, dtype=np.int64),
-        np.array([c.shifts() for c in confidences], dtype=np.float64).reshape(R, 2),
-        np.array(rooms, dtype=np.int64),
-        np.array(floors, dtype=np.float64),
-        np.array(spans, dtype=np.int64),
+    plan_loops().lead_lengths(  # two arrays in, not six: a compiled call's arguments cost per call
+        np.array([context, support, rooms, spans], dtype=np.int64).reshape(4, R),
+        np.array([(*c.shifts(), floor) for c, floor in zip(confidences, floors)], dtype=np.float64).reshape(R, 3),
         *_OWN_TABLES,
         SUPPORT_SLOPE,
         lengths,
@@ -490,18 +486,18 @@ class StepOptions:
         """Every request's plan (see :func:`plan_step`): its lead tokens, further candidates and
         window columns, three lists in the requests' order."""
         n = len(self.present)
+        xs, ys, terms = cost.terms()
         out = np.zeros((3, n), dtype=np.int64)
-        plan_loops().plan(
-            np.array(self.gains, dtype=np.float64),
-            np.array(self.lead_at, dtype=np.int64),
-            np.array(self.rows, dtype=np.int64),
-            np.array(self.cand_at, dtype=np.int64),
-            np.array(self.col_at, dtype=np.int64),
-            np.array(self.scalars, dtype=np.float64).reshape(n, 4),
-            np.array(self.present, dtype=np.bool_),
-            *cost.terms(),
-            float(n if base_tokens is None else base_tokens),
-            *out,
+        rows = self.rows
+        plan_loops().plan(  # two arrays in, not eight: a compiled call's arguments cost per step (plan_loop.plan)
+            np.array(
+                [n, len(self.gains), len(rows), *self.lead_at, *rows, *self.cand_at, *self.col_at, *self.present],
+                dtype=np.int64,
+            ),
+            np.array([n if base_tokens is None else base_tokens, *terms, *self.gains, *self.scalars], dtype=np.float64),
+            xs,
+            ys,
+            out,
         )
         return out.tolist()
 

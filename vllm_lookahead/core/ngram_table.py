@@ -372,19 +372,21 @@ def _grow(tables, at, count, context, buf, t, d, length, sources) -> int:
 
 
 # -- a batch of requests: every request's pools in one list (:class:`~.pool_batch.PoolBatch`) --
-def learn_rows(tables, at, count, tokens, rows, start, length, max_keys, source, resume) -> bool:
-    """Request ``r``'s pools ``tables[at[r] : at[r] + count[r]]`` learn the n-grams of its text
-    ``tokens[rows[r], :length[r]]`` that end at an index >= ``start[r]`` (as :func:`add_to_pools`),
-    from ``resume`` = (request, pool, n-gram) on.  False when a pool's arrays are full: ``resume``
-    then says where (grow that pool, call again)."""
+def learn_rows(tables, learns, count, tokens, max_keys, source, resume) -> bool:
+    """Request ``r``'s pools ``tables[at : at + count]`` learn the n-grams of its text
+    ``tokens[row, :length]`` that end at an index >= ``start`` (as :func:`add_to_pools`), where
+    ``learns[:, r]`` = (at, row, start, length), from ``resume`` = (request, pool, n-gram) on.
+    False when a pool's arrays are full: ``resume`` then says where (grow that pool, call again).
+    (A batch's calls take each request's numbers as one array: every argument is unboxed per call.)"""
     r0, p0, d0 = resume[0], resume[1], resume[2]
-    for r in range(r0, len(rows)):
-        seq = tokens[rows[r], : length[r]]
-        for p in range(p0 if r == r0 else 0, count[r]):
-            slots, keys, links, conts, entries, meta = tables[at[r] + p]
+    for r in range(r0, learns.shape[1]):
+        at, start, length = learns[0, r], learns[2, r], learns[3, r]
+        seq = tokens[learns[1, r], :length]
+        for p in range(p0 if r == r0 else 0, count):
+            slots, keys, links, conts, entries, meta = tables[at + p]
             span = keys.shape[1] + conts.shape[2]
-            first = max(0, start[r] - span + 1)
-            n = length[r] - first - span + 1
+            first = max(0, start - span + 1)
+            n = length - first - span + 1
             done = d0 if r == r0 and p == p0 else 0
             if n > done:
                 done += add_ngrams(
@@ -396,49 +398,48 @@ def learn_rows(tables, at, count, tokens, rows, start, length, max_keys, source,
     return True
 
 
-def lookup_rows(tables, at, count, tokens, rows, length, roots, context, limit, out, out_sources, answers) -> None:
-    """:func:`lookup_pools` for each request ``r`` of a batch, from its pools ``tables[at[r] :
-    at[r] + count[r]]``, after its text: the last ``context`` tokens of ``tokens[rows[r],
-    :length[r]]``, or its root ``roots[r]`` alone where the text does not end with it.  Its
+def lookup_rows(tables, asks, count, tokens, context, limit, out, out_sources, answers) -> None:
+    """:func:`lookup_pools` for each request ``r`` of a batch, ``asks[:, r]`` = (at, row, length,
+    root), from its pools ``tables[at : at + count]``, after its text: the last ``context`` tokens
+    of ``tokens[row, :length]``, or its root alone where the text does not end with it.  Its
     continuations go to ``out[r]`` / ``out_sources[r]``, (how many, first pool, support) to
     ``answers[r]``."""
     root = np.empty(1, dtype=tokens.dtype)
-    for r in range(len(rows)):
-        end = length[r]
-        row = tokens[rows[r]]
-        if end > 0 and row[end - 1] == roots[r]:
-            n, first, support = _lookup(
-                tables, at[r], count[r], row[max(0, end - context) : end], limit, out[r], out_sources[r]
-            )
+    for r in range(asks.shape[1]):
+        at, end = asks[0, r], asks[2, r]
+        row = tokens[asks[1, r]]
+        if end > 0 and row[end - 1] == asks[3, r]:
+            text = row[max(0, end - context) : end]
+            n, first, support = _lookup(tables, at, count, text, limit, out[r], out_sources[r])
         else:
-            root[0] = roots[r]
-            n, first, support = _lookup(tables, at[r], count[r], root, limit, out[r], out_sources[r])
+            root[0] = asks[3, r]
+            n, first, support = _lookup(tables, at, count, root, limit, out[r], out_sources[r])
         answers[r, 0], answers[r, 1], answers[r, 2] = n, first, support
 
 
-def grow_rows(tables, at, count, tokens, rows, length, roots, context, found, found_sources, want, buf, sources, grown):
+def grow_rows(tables, asks, count, tokens, context, found, found_sources, want, buf, sources, grown):
     """Each request's lead (:func:`grow_lead`): its first continuation ``found[r, 0]`` cut or grown
     to ``want[r]`` tokens (none where ``want[r]`` is 0) after the text :func:`lookup_rows` asked
-    with (``t`` tokens), into ``buf[r, t : t + d]``, each token's source into ``sources[r, :d]``;
-    ``grown[r]`` = (t, d)."""
-    for r in range(len(rows)):
+    with (``asks`` as there; ``t`` tokens), into ``buf[r, t : t + d]``, each token's source into
+    ``sources[r, :d]``; ``grown[r]`` = (t, d)."""
+    for r in range(asks.shape[1]):
         if want[r] <= 0:
             grown[r, 0], grown[r, 1] = 0, 0
             continue
-        end = length[r]
-        row = tokens[rows[r]]
+        end = asks[2, r]
+        row = tokens[asks[1, r]]
         text = buf[r]
-        if end > 0 and row[end - 1] == roots[r]:
+        if end > 0 and row[end - 1] == asks[3, r]:
             t = min(context, end)
             text[:t] = row[end - t : end]
         else:
             t = 1
-            text[0] = roots[r]
+            text[0] = asks[3, r]
         d = min(found.shape[2], want[r])
         text[t : t + d] = found[r, 0, :d]
         sources[r, : want[r]] = found_sources[r, 0]
         if d < want[r]:
-            d = _grow(tables, at[r], count[r], context, text, t, d, want[r], sources[r])
+            d = _grow(tables, asks[0, r], count, context, text, t, d, want[r], sources[r])
         grown[r, 0], grown[r, 1] = t, d
 
 

@@ -156,8 +156,31 @@ def _pieces(rows, cand_at, col_at, scalars, r, lead, first_column, out) -> int:
     return m
 
 
-def plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, lead, cands, cols):
-    """Every request's plan into ``lead``, ``cands``, ``cols`` (int64, one per request; the layout
+def plan(ints, floats, xs, ys, out):
+    """Every request's plan into ``out`` (int64 ``(3, n)``: lead tokens, further candidates, window
+    columns), the inputs packed in two arrays, so a step's call unboxes five arguments, not
+    fourteen (each costs the caller's thread time on every step):
+    ``ints`` = ``n``, ``len(gains)``, ``len(rows)``, then ``lead_at``, ``rows``, ``cand_at``,
+    ``col_at``, ``present``; ``floats`` = the bare forward's tokens, the cost model's fitted terms
+    (four, :meth:`~.step_cost.StepCost.terms`), then ``gains``, ``scalars`` (``4 n``, row-major)."""
+    n, n_gains, n_rows = ints[0], ints[1], ints[2]
+    a = 3
+    lead_at = ints[a : a + n + 1]
+    a += n + 1
+    rows = ints[a : a + n_rows]
+    a += n_rows
+    cand_at = ints[a : a + n + 1]
+    a += n + 1
+    col_at = ints[a : a + n]
+    present = ints[a + n : a + 2 * n]
+    gains = floats[5 : 5 + n_gains]
+    scalars = floats[5 + n_gains : 5 + n_gains + 4 * n].reshape((n, 4))
+    terms, base_tokens = floats[1:5], floats[0]
+    _plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, out[0], out[1], out[2])
+
+
+def _plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, lead, cands, cols):
+    """:func:`plan` unpacked: every request's plan into ``lead``, ``cands``, ``cols`` (the layout
     of the inputs in the module docstring).  ``base_tokens``: the bare forward's tokens."""
     n = len(present)
     step = np.zeros(5, dtype=np.float64)
@@ -281,26 +304,27 @@ def _sigmoid(z):
     return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
 
 
-def lead_lengths(context, support, shifts, rooms, floors, spans, first_table, next_table, slope, lengths, odds):
-    """For each request ``r`` whose lookup found a lead after ``context[r]`` tokens (0: none) with
-    ``support[r]`` in its own pools: the rule's odds of it (:meth:`~.draft_rule.LeadConfidence.odds`,
-    the request's and pooled log-odds shifts in ``shifts[r]``; the fitted tables of own-text leads)
-    into ``odds[r]``, and the length :meth:`~.request.RequestLookahead.lead_request` asks for under
-    the rule into ``lengths[r]``: one more token than pay ``floors[r]``
-    (:meth:`~.draft_rule.LeadConfidence.tokens_above`), at most ``spans[r]`` and ``rooms[r]`` (0
-    and no odds where nothing was found or there is no room).  The same operations in the same
-    order as the Python, so the same floats."""
-    for r in range(len(context)):
+def lead_lengths(each, floats, first_table, next_table, slope, lengths, odds):
+    """For each request ``r`` whose lookup found a lead after ``context`` tokens (0: none) with
+    ``support`` in its own pools (``each[:, r]`` = (context, support, room, span), ``floats[r]`` =
+    (the request's and pooled log-odds shift of a first token, of a next one, floor)): the rule's
+    odds of it (:meth:`~.draft_rule.LeadConfidence.odds`; the fitted tables of own-text leads) into
+    ``odds[r]``, and the length :meth:`~.request.RequestLookahead.lead_request` asks for under the
+    rule into ``lengths[r]``: one more token than pay the floor
+    (:meth:`~.draft_rule.LeadConfidence.tokens_above`), at most ``span`` and ``room`` (0 and no odds
+    where nothing was found or there is no room).  The same operations in the same order as the
+    Python, so the same floats."""
+    for r in range(each.shape[1]):
         lengths[r] = 0
         odds[r, 0] = odds[r, 1] = 0.0
-        c = context[r]
-        if c <= 0 or rooms[r] <= 0:
+        c, room = each[0, r], each[2, r]
+        if c <= 0 or room <= 0:
             continue
-        first = first_table[min(max(c, 1), len(first_table)) - 1] + slope * math.log(max(support[r], 1))
-        p = _sigmoid(first + shifts[r, 0])
-        q = _sigmoid(next_table[min(max(c, 1), len(next_table)) - 1] + shifts[r, 1])
+        first = first_table[min(max(c, 1), len(first_table)) - 1] + slope * math.log(max(each[1, r], 1))
+        p = _sigmoid(first + floats[r, 0])
+        q = _sigmoid(next_table[min(max(c, 1), len(next_table)) - 1] + floats[r, 1])
         odds[r, 0], odds[r, 1] = p, q
-        floor, span = floors[r], spans[r]
+        floor, span = floats[r, 2], each[3, r]
         if p < floor or p <= 0:
             above = 0
         elif floor <= 0 or q >= 1:
@@ -309,11 +333,12 @@ def lead_lengths(context, support, shifts, rooms, floors, spans, first_table, ne
             above = 1
         else:
             above = min(span, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
-        lengths[r] = min(rooms[r], span, 1 + above)
+        lengths[r] = min(room, span, 1 + above)
 
 
 _INLINED = ("_chain", "_forward", "_before", "_swap", "_sigmoid")  # compiled into their callers
 _HELPERS = (
+    "_plan",
     "_push",
     "_pop",
     "_lead_pays_its_price",

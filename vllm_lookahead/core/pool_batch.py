@@ -127,25 +127,14 @@ class PoolBatch:
         in one call; pools whose arrays fill up grow on the way."""
         if not texts or not self.config.ablation.pool_from_output:
             return
-        at = np.array([text.batch_at for text in texts], dtype=np.int64)
-        count = np.full(len(texts), self.width, dtype=np.int64)
-        rows_, starts_, lengths_ = (np.array(a, dtype=np.int64) for a in (rows, starts, lengths))
+        learns = np.array([[text.batch_at for text in texts], rows, starts, lengths], dtype=np.int64)
         resume = self._resume
         resume[:] = 0
         while not self._loops.learn_rows(
-            self._tables,
-            at,
-            count,
-            tokens,
-            rows_,
-            starts_,
-            lengths_,
-            self.config.max_pool_keys,
-            int(Source.OUTPUT),
-            resume,
+            self._tables, learns, self.width, tokens, self.config.max_pool_keys, int(Source.OUTPUT), resume
         ):
             r, p = int(resume[0]), int(resume[1])
-            texts[r].pools()[p].make_room(int(lengths_[r] - starts_[r]))
+            texts[r].pools()[p].make_room(int(learns[3, r] - learns[2, r]))
 
     def step_candidates(
         self,
@@ -158,12 +147,10 @@ class PoolBatch:
         if not asks:
             return []
         R = len(asks)
-        at = np.array([a[0].text.batch_at for a in asks], dtype=np.int64)
-        count = np.full(R, self.width, dtype=np.int64)
-        rows = np.array([a[1] for a in asks], dtype=np.int64)
-        lengths = np.array([a[2] for a in asks], dtype=np.int64)
-        roots = np.array([a[3] for a in asks], dtype=np.int64)
-        where = (self._tables, at, count, tokens, rows, lengths, roots, self.config.lookup_context)
+        # every request's numbers in one array (a compiled call's arguments cost per call): at, row, length, root
+        at = [a[0].text.batch_at for a in asks]
+        each = np.array([at, [a[1] for a in asks], [a[2] for a in asks], [a[3] for a in asks]], dtype=np.int64)
+        where = (self._tables, each, self.width, tokens, self.config.lookup_context)
         found = np.zeros((R, self._rows, self.config.ngram_size - 1), dtype=np.int32)
         found_sources = np.zeros((R, self._rows), dtype=np.int64)
         answers = np.zeros((R, 3), dtype=np.int64)
@@ -213,7 +200,7 @@ class PoolBatch:
         out = []
         # every row as lists at once: a lead is a few tokens, a row's numpy slice costs more than it
         for (cands, _, evidence, odds), (t, d), root, text, lead_sources in zip(
-            leads, grown.tolist(), where[6].tolist(), buf.tolist(), sources.tolist()
+            leads, grown.tolist(), where[1][3].tolist(), buf.tolist(), sources.tolist()
         ):
             lead = tuple(text[t : t + d])
             out.append(RequestLookahead.candidates(root, cands, lead, lead_sources[:d], evidence, odds))

@@ -158,16 +158,14 @@ class StepCost:
             t += self.tree_step_seconds + self.tree_row_seconds * tree_rows
         return t
 
-    def terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def terms(self) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float, float]]:
         """The model as the compiled plan reads it (:mod:`.plan_loop`): the profiled sizes and
-        their times (float64), and ``(scale, token_seconds, tree_step_seconds, tree_row_seconds)``."""
+        their times (float64, made once), and ``(scale, token_seconds, tree_step_seconds,
+        tree_row_seconds)``."""
         if self._profile is None:
             self._profile = (np.array(self.tokens, dtype=np.float64), np.array(self.seconds, dtype=np.float64))
         fit = self._fit
-        return (
-            *self._profile,
-            np.array((fit.scale, fit.per_token, self.tree_step_seconds, self.tree_row_seconds), dtype=np.float64),
-        )
+        return (*self._profile, (fit.scale, fit.per_token, self.tree_step_seconds, self.tree_row_seconds))
 
     # -- learning from real steps --------------------------------------------------------
     def observe(self, tokens: int, tree_rows: int, seconds: float) -> None:
