@@ -8,10 +8,10 @@ on more proposals and a single run's p50 moves with a shared VM's speed.  To tel
 made the same work cheaper, this runs the replay of one cell (:mod:`.lookahead_replay`) with those
 prices fixed (:func:`~.lookahead_replay.fix_prices`): both versions then make the same decisions
 step by step -- checked: their draft tokens and emitted tokens per step must agree -- and a step's
-time compares with the same step's.  Each version runs ``--rounds`` times, in turn, each in a
-fresh process; each step keeps its least time over the rounds (a slow moment of the machine falls
-out); the report gives both versions' per-step least times (mean / p50 / p99, each phase's p50)
-and the median of the per-step ratios.
+time compares with the same step's.  Each of ``--rounds`` rounds runs both versions at once, each in
+a fresh process, taking their steps in turn (:func:`_runs`); each step keeps its least time over
+the rounds (a slow moment of the machine falls out); the report gives both versions' per-step
+least times (mean / p50 / p99, each phase's p50) and the median of the per-step ratios.
 
 ``--base``: a git revision (checked out into a temporary worktree) or a directory holding a
 ``vllm_lookahead`` package; the other version is this checkout's.  The replay itself is this
@@ -68,11 +68,14 @@ def _worker(args: argparse.Namespace) -> None:
     fix_prices(replay)
     torch.manual_seed(0)  # sampled cells: every run draws the same tokens (torch's global stream)
     times = StepTimes()
+    turn = os.fdopen(args.turn_fd, "rb", buffering=0)  # a byte from the parent: take a step
+    done = os.fdopen(args.done_fd, "wb", buffering=0)  # a byte to the parent: the step is taken
     with engine_heap():
-        for _ in range(args.warmup):
-            replay.step(None)
-        for _ in range(args.steps):
-            replay.step(times)
+        for k in range(args.warmup + args.steps):
+            if not turn.read(1):
+                raise SystemExit("the parent left")
+            replay.step(times if k >= args.warmup else None)
+            done.write(b".")
     Path(args.dump).write_text(
         json.dumps(
             {
@@ -86,21 +89,62 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _runs(args: argparse.Namespace, trees: dict[str, Path], out: Path) -> dict[str, list[dict]]:
-    """Every version's runs, alternating, each a fresh process."""
+    """Every version's runs: in each round one fresh process per version, taking their steps in
+    turn -- one version's step ``k``, then the other's, the order swapped every step -- so the
+    two meet the machine at the same moments (a shared VM's speed moves over seconds) and each
+    step finds the caches as the other's step left them, as a forward leaves them on a server."""
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     cell = ["--batch", str(args.batch), "--context", str(args.context), "--temperature", str(args.temperature)]
     cell += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--config", args.config, "--cost", args.cost]
     cell += ["--device-time"] if args.device_time else []
     env, _ = engine_env(os.environ)  # the engines' allocator settings, as the host-work table runs under
     for r in range(args.rounds):
+        workers = {}
         for name, tree in trees.items():
+            turn_r, turn_w = os.pipe()
+            done_r, done_w = os.pipe()
             dump = out / f"{name}-{r}.json"
             command = [sys.executable, "-m", "benchmarks.host_work.ab", "--tree", str(tree), "--dump", str(dump)]
-            done = subprocess.run(command + cell, cwd=ROOT, capture_output=True, text=True, env=env)
-            if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            runs[name].append(json.loads(dump.read_text()))
+            command += ["--turn-fd", str(turn_r), "--done-fd", str(done_w)]
+            log = (out / f"{name}-{r}.log").open("w")
+            proc = subprocess.Popen(
+                command + cell, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=(turn_r, done_w)
+            )
+            os.close(turn_r)
+            os.close(done_w)
+            workers[name] = (proc, turn_w, done_r, dump, log)
+        try:
+            order = list(workers)
+            for k in range(args.warmup + args.steps):
+                for name in order if k % 2 == 0 else order[::-1]:
+                    _, turn_w, done_r, _, _ = workers[name]
+                    try:
+                        os.write(turn_w, b".")
+                        taken = os.read(done_r, 1)
+                    except BrokenPipeError:
+                        taken = b""
+                    if not taken:
+                        raise _failed(name, workers[name])
+            for name, (proc, *_, dump, _) in workers.items():
+                if proc.wait() != 0:
+                    raise _failed(name, workers[name])
+                runs[name].append(json.loads(dump.read_text()))
+        finally:
+            for proc, turn_w, done_r, _, log in workers.values():
+                os.close(turn_w)
+                os.close(done_r)
+                log.close()
+                if proc.poll() is None:
+                    proc.kill()
     return runs
+
+
+def _failed(name: str, worker: tuple) -> SystemExit:
+    """A worker that stopped: its log's end."""
+    proc, *_, log = worker
+    proc.wait()
+    log.flush()
+    return SystemExit(f"{name} failed:\n{Path(log.name).read_text()[-3000:]}")
 
 
 def compare(runs: dict[str, list[dict]]) -> dict:
@@ -152,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--tree", help=argparse.SUPPRESS)  # a worker: one run with this tree's vllm_lookahead
     p.add_argument("--dump", help=argparse.SUPPRESS)
+    p.add_argument("--turn-fd", type=int, help=argparse.SUPPRESS)  # a worker's pipes to the parent
+    p.add_argument("--done-fd", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.tree:
         _worker(args)
