@@ -215,3 +215,41 @@ def test_stat_logger_exports_lookahead_metrics():
         assert get("vllm:lookahead_window_steps_total") == 1
     finally:
         prometheus._unregister()
+
+
+def test_gauges_keep_the_latest_step_whichever_api_server_reads_it_last(tmp_path, monkeypatch):
+    """With ``--api-server-count 2`` each step's stats reach one API server and prometheus_client
+    runs in multiprocess mode.  The step that frees a finished request's state may be read by one
+    server before the other reads the step before it: the gauges must still read the later step."""
+    from prometheus_client import CollectorRegistry, values
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from vllm_lookahead.engine.hooks.startup import PROPOSER_PATH
+    from vllm_lookahead.engine.metrics import prometheus
+
+    server = ["api-0"]  # the process the values are written from: one file each, as per pid
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda: server[0]))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(model=PROPOSER_PATH), model_config=SimpleNamespace(served_model_name="m")
+    )
+    logger = prometheus.LookaheadStatLogger(config, [0])
+    try:
+        logger.log_engine_initialized()
+
+        def step(holding: int, at: float) -> SchedulerStats:
+            stats = SchedulerStats()
+            stats.lookahead = {"pool_ngrams": 100 * holding, "request_states": {"worker": holding}, "at": at}
+            return stats
+
+        logger.record(step(0, at=2.0), None, engine_idx=0)  # the later step, read first by api-0
+        server[0] = "api-1"
+        logger.record(step(1, at=1.0), None, engine_idx=0)  # the step before, read afterwards by api-1
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(tmp_path))
+        labels = {"model_name": "m", "engine": "0"}
+        assert registry.get_sample_value("vllm:lookahead_request_states", {**labels, "holder": "worker"}) == 0
+        assert registry.get_sample_value("vllm:lookahead_pool_ngrams", labels) == 0
+    finally:
+        prometheus._unregister()

@@ -29,8 +29,9 @@ the engine core from what the workers reported) becomes, in vLLM's naming and la
 ==========================================  =========  ============================================
 
 The metrics live in the API server process; with ``--api-server-count > 1`` vLLM runs
-prometheus_client in multiprocess mode and so do these (the gauge keeps the most recent
-value, as vLLM's gauges do).  The plugin is inert for engines without lookahead.
+prometheus_client in multiprocess mode and so do these (the gauges keep the most recent value,
+as vLLM's gauges do -- most recent by the engine core's clock, :func:`_set_as_of`).  The plugin
+is inert for engines without lookahead.
 """
 
 from __future__ import annotations
@@ -182,14 +183,28 @@ class _Metrics:
         self.drafted_steps.labels(*labels).inc(data.get("drafts", 0))
         for reason, n in data.get("undrafted", {}).items():
             self.undrafted.labels(*labels, reason).inc(n)
+        at = data.get("at")
         if data.get("pool_ngrams", -1) >= 0:
-            self.pool.labels(*labels).set(data["pool_ngrams"])
+            _set_as_of(self.pool.labels(*labels), data["pool_ngrams"], at)
         for holder, n in data.get("request_states", {}).items():
             if n >= 0:
-                self.states.labels(*labels, holder).set(n)
+                _set_as_of(self.states.labels(*labels, holder), n, at)
         if data.get("drafts") or data.get("propose_seconds"):
             self.propose.labels(*labels).observe(float(data.get("propose_seconds", 0.0)))
             self.verify.labels(*labels).observe(float(data.get("verify_seconds", 0.0)))
+
+
+def _set_as_of(gauge: Any, value: float, at: float | None) -> None:
+    """Set a ``mostrecent`` gauge's child to ``value`` as of ``at``, the engine core's clock when
+    the step's stats were made, not when this API server read them.  With several API servers
+    each step's stats reach one of them, and one slower to read its share would otherwise stamp
+    an older step's value later than a newer one's: a finished request's state still counted
+    after the step that freed it, for good (nothing runs after that step).  ``Gauge.set`` stamps
+    its own clock; its value's ``set`` takes the timestamp (single-process values ignore it)."""
+    if at is None:
+        gauge.set(value)
+    else:
+        gauge._value.set(float(value), timestamp=float(at))
 
 
 def _unregister() -> None:

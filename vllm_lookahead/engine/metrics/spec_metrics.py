@@ -28,6 +28,7 @@ exported as ``vllm:lookahead_request_states{holder="scheduler"}``.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -113,6 +114,7 @@ def finish_step(
         "verify_seconds": float(report.get("verify_seconds", 0.0)),
         "pool_ngrams": int(report.get("pool_ngrams", -1)),
         "request_states": {"worker": int(report.get("request_states", -1)), "scheduler": len(state)},
+        "at": time.time(),  # when the gauges' values were true: each API server sets them as of this
     }
 
 
