@@ -1,7 +1,8 @@
 """`python -m benchmarks` end to end on the toy model (small, but every stage real).
 
-Runs in a subprocess: the harness keeps its engines in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which must not leak into this test session.
+The benchmark runs in a subprocess: the harness keeps its engines in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), which must not leak into this test session.  Its replays
+start no engine and run here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,16 @@ LOOKAHEAD = "lookahead:" + LOOKAHEAD
 LABEL = "lookahead W0 N3 G1 max_tokens_per_step=24"
 
 
-def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
+def _replay(capsys, *argv: str) -> str:
+    """``python -m benchmarks ARGV`` for a replay (no engine), in this process: its stdout."""
+    from benchmarks.cli import main
+
+    capsys.readouterr()
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_bench_runs_every_method_side_by_side(toy_model, tmp_path, capsys):
     out = tmp_path / "bench"
     cmd = [
         sys.executable,
@@ -117,26 +127,9 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
 
     # Replaying the recorded no-spec outputs (no engine) predicts the engine's MAT exactly for
     # chain drafts (the lead candidate within a fixed cap; the window cannot be replayed).
-    replay = subprocess.run(
-        cwd=ROOT,
-        args=[
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--replay",
-            str(out / "results.json"),
-            "--methods",
-            "ngram",
-            LOOKAHEAD,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert replay.returncode == 0, replay.stderr[-4000:]
+    replay = _replay(capsys, "--replay", str(out / "results.json"), "--methods", "ngram", LOOKAHEAD)
     replayed = {}
-    for line in replay.stdout.splitlines():
+    for line in replay.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 6 and cells[0] == "code":
             replayed[cells[1].split(" (")[0]] = float(cells[2])
@@ -146,25 +139,7 @@ def test_bench_runs_every_method_side_by_side(toy_model, tmp_path):
         assert abs(mat - float(by[(method, "code")]["MAT"])) <= 0.02, (method, mat, by[(method, "code")]["MAT"])
 
     # --replay-max-tokens replays each completion's first N tokens (= the greedy run with max_tokens N).
-    short = subprocess.run(
-        cwd=ROOT,
-        args=[
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "--replay",
-            str(out / "results.json"),
-            "--methods",
-            "ngram",
-            "--replay-max-tokens",
-            "10",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert short.returncode == 0, short.stderr[-4000:]
-    code_rows = [line for line in short.stdout.splitlines() if line.startswith("| code |")]
+    short = _replay(capsys, "--replay", str(out / "results.json"), "--methods", "ngram", "--replay-max-tokens", "10")
+    code_rows = [line for line in short.splitlines() if line.startswith("| code |")]
     expected = sum(min(len(o), 10) for r in ref_runs["code"] for o in r["outputs"])
     assert len(code_rows) == 1 and int(code_rows[0].strip("|").split("|")[4]) == expected
