@@ -529,8 +529,14 @@ def plan_step(
 
 
 def compile_plan() -> None:
-    """Compile :func:`plan_step`'s loop (numba; cached on disk after the first time) at start-up,
-    not in the first step that drafts."""
+    """Compile the rule's loops (numba; cached on disk after the first time) -- :func:`plan_step`'s,
+    the batch's (:func:`.plan_loop.plan_rows`), the leads' lengths -- at start-up, not in the first
+    step that drafts."""
     option = DraftOptions((0.9, 0.5), (2,), 0.1, (0, 3), 0.1, fixed_seconds=1e-4, token_seconds=1e-5)
-    plan_step([option, None], StepCost.linear(0.01, 1e-4, tree_row=1e-4))
+    cost = StepCost.linear(0.01, 1e-4, tree_row=1e-4)
+    plan_step([option, None], cost)
+    xs, ys, terms = cost.terms()  # the batch's plan (batch_step.draft_batch)
+    out = np.zeros((3, 1), dtype=np.int64)
+    rows = np.array([[2, 1, 4, 2, 3]], dtype=np.int64), np.array([[0.9, 0.5, 0.1, 0.1, 1e-4, 1e-5]])
+    plan_loops().plan_rows(*rows, np.array([1.0, *terms]), xs, ys, out)
     own_lead_lengths([LeadConfidence()], [1], [1], [4], [0.05], [8])

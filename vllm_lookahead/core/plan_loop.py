@@ -16,7 +16,8 @@ Per request ``r``, the options are:
 - ``scalars[r]``: candidate gain, window-column gain, fixed price, price per accepted token;
 - ``present[r]``: 0 for a request without options (it drafts nothing).
 
-:func:`lead_lengths` is the rule's other compiled loop: how long each of a batch's leads is looked
+:func:`plan_rows` is the same plan for options given one row per request (the batch's, from
+its arrays).  :func:`lead_lengths` is the rule's other compiled loop: how long each of a batch's leads is looked
 up to (:func:`~.draft_rule.own_lead_lengths`, from :class:`~.pool_batch.PoolBatch`).
 
 Compiled by :func:`load` on first use (numba is not imported before; see :mod:`.ngram_table`).
@@ -177,6 +178,50 @@ def plan(ints, floats, xs, ys, out):
     scalars = floats[5 + n_gains : 5 + n_gains + 4 * n].reshape((n, 4))
     terms, base_tokens = floats[1:5], floats[0]
     _plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, out[0], out[1], out[2])
+
+
+def plan_rows(ints, floats, head, xs, ys, out):
+    """:func:`plan` of requests given one row each (:func:`~.batch_step.draft_batch`), laid out
+    here as :meth:`~.draft_rule.StepOptions.add_request` lays them out: ``ints[r]`` = (lead
+    tokens, further candidates, rows of each, window levels filled, window columns: 0 for none),
+    ``floats[r]`` = (the lead's odds of a first and of a next token, candidate gain, window-column
+    gain, fixed price, price per accepted token), ``head`` = (the bare forward's tokens, the cost
+    model's four fitted terms).  A lead token's gain is ``first * next ** i``, multiplied out in
+    the same order as there, so the same floats and the same plans."""
+    n = ints.shape[0]
+    n_gains = n_rows = 0
+    for r in range(n):
+        n_gains += ints[r, 0]
+        n_rows += ints[r, 1] * ints[r, 2] + ints[r, 4]
+    gains = np.empty(n_gains, dtype=np.float64)
+    rows = np.empty(n_rows, dtype=np.int64)
+    lead_at = np.empty(n + 1, dtype=np.int64)
+    cand_at = np.empty(n + 1, dtype=np.int64)
+    col_at = np.empty(n, dtype=np.int64)
+    scalars = np.empty((n, 4), dtype=np.float64)
+    present = np.ones(n, dtype=np.int64)
+    g_at = r_at = 0
+    for r in range(n):
+        lead_at[r], cand_at[r] = g_at, r_at
+        g, q = floats[r, 0], floats[r, 1]
+        for _ in range(ints[r, 0]):
+            gains[g_at] = g
+            g_at += 1
+            g *= q
+        for _ in range(ints[r, 1]):
+            rows[r_at] = ints[r, 2]
+            r_at += 1
+        col_at[r] = r_at
+        if ints[r, 4] > 0:  # a window's first column has one row less: the root is its first level
+            rows[r_at] = ints[r, 3] - 1
+            r_at += 1
+            for _ in range(ints[r, 4] - 1):
+                rows[r_at] = ints[r, 3]
+                r_at += 1
+        for k in range(4):
+            scalars[r, k] = floats[r, 2 + k]
+    lead_at[n], cand_at[n] = g_at, r_at
+    _plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, head[1:5], head[0], out[0], out[1], out[2])
 
 
 def _plan(gains, lead_at, rows, cand_at, col_at, scalars, present, xs, ys, terms, base_tokens, lead, cands, cols):
@@ -347,7 +392,7 @@ _HELPERS = (
     "_drop_leads_that_lower_the_rate",
     "_plan_branches",
 )
-LOOPS = ("plan", "lead_lengths")
+LOOPS = ("plan", "plan_rows", "lead_lengths")
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
 
 

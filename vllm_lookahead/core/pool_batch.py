@@ -146,6 +146,21 @@ class PoolBatch:
         admitted states, with every lookup in one call and every lead's growth in another."""
         if not asks:
             return []
+        where, found, found_sources, answers = self.lookups(asks, tokens)
+        looks = []  # each request's candidates and its lookup
+        for (state, *_, max_candidates, _), (n, first, support), out, sources in zip(
+            asks, answers.tolist(), found, found_sources
+        ):
+            looked = state.text.answer(out, sources, n, first, support)
+            looks.append((looked.found if max_candidates is None else looked.found[:max_candidates], looked))
+        return self._leads(where, found, found_sources, self._lead_requests(asks, looks))
+
+    def lookups(self, asks: Sequence[tuple], tokens: np.ndarray) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray]:
+        """Every ask's lookup in one call (``asks[r]``: its state, row and length in ``tokens``,
+        root, as :meth:`step_candidates` takes them): where they asked (the arguments :meth:`grow`
+        reads again), and per ask its continuations (``found[r, :n]``, int32 rows of ``N - 1``
+        tokens), their sources, and ``answers[r]`` = (``n``, the pool of the first one, its
+        support) (:meth:`.RequestText.answer`)."""
         R = len(asks)
         # every request's numbers in one array (a compiled call's arguments cost per call): at, row, length, root
         at = [a[0].text.batch_at for a in asks]
@@ -155,13 +170,23 @@ class PoolBatch:
         found_sources = np.zeros((R, self._rows), dtype=np.int64)
         answers = np.zeros((R, 3), dtype=np.int64)
         self._loops.lookup_rows(*where, self.config.guess_set_size, found, found_sources, answers)
-        looks = []  # each request's candidates and its lookup
-        for (state, *_, max_candidates, _), (n, first, support), out, sources in zip(
-            asks, answers.tolist(), found, found_sources
-        ):
-            looked = state.text.answer(out, sources, n, first, support)
-            looks.append((looked.found if max_candidates is None else looked.found[:max_candidates], looked))
-        return self._leads(where, found, found_sources, self._lead_requests(asks, looks))
+        return where, found, found_sources, answers
+
+    def grow(
+        self, where: tuple, found: np.ndarray, found_sources: np.ndarray, lengths: Sequence[int]
+    ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        """Each ask's lead (:meth:`lookups`' first continuation) cut or grown to ``lengths[r]``
+        tokens, in one call: per ask ``(t, d)``, a row whose ``[t : t + d]`` is the lead, and its
+        tokens' sources (``[:d]``), as lists (a lead is a few tokens: a numpy slice per row costs
+        more)."""
+        want = np.array(lengths, dtype=np.int64)
+        most = max(1, max(lengths))
+        R = len(lengths)
+        buf = np.zeros((R, self.config.lookup_context + most), dtype=np.int64)
+        sources = np.zeros((R, most), dtype=np.int64)
+        grown = np.zeros((R, 2), dtype=np.int64)
+        self._loops.grow_rows(*where, found, found_sources, want, buf, sources, grown)
+        return grown.tolist(), buf.tolist(), sources.tolist()
 
     @staticmethod
     def _lead_requests(asks: Sequence[tuple], looks: list[tuple[list, Lookup]]) -> list[tuple]:
@@ -189,18 +214,10 @@ class PoolBatch:
 
     def _leads(self, where: tuple, found: np.ndarray, found_sources: np.ndarray, leads: list) -> list[StepCandidates]:
         """:meth:`step_candidates`' leads grown in one call, and each request's candidates."""
-        lengths = [lead[1] for lead in leads]
-        want = np.array(lengths, dtype=np.int64)
-        most = max(1, max(lengths))
-        R = len(leads)
-        buf = np.zeros((R, self.config.lookup_context + most), dtype=np.int64)
-        sources = np.zeros((R, most), dtype=np.int64)
-        grown = np.zeros((R, 2), dtype=np.int64)
-        self._loops.grow_rows(*where, found, found_sources, want, buf, sources, grown)
         out = []
-        # every row as lists at once: a lead is a few tokens, a row's numpy slice costs more than it
+        grown, bufs, sources = self.grow(where, found, found_sources, [lead[1] for lead in leads])
         for (cands, _, evidence, odds), (t, d), root, text, lead_sources in zip(
-            leads, grown.tolist(), where[1][3].tolist(), buf.tolist(), sources.tolist()
+            leads, grown, where[1][3].tolist(), bufs, sources
         ):
             lead = tuple(text[t : t + d])
             out.append(RequestLookahead.candidates(root, cands, lead, lead_sources[:d], evidence, odds))

@@ -20,7 +20,8 @@ order -- the data path of one step:
 ``propose_draft_token_ids`` -> the proposer (a thin adapter) ->
                      :meth:`~RunnerLookahead.propose`: every request's window
                      slides and pools learn, next trees are planned and built
-                     (:func:`~vllm_lookahead.core.drafting.draft_step`)
+                     (:func:`~vllm_lookahead.core.drafting.draft_step`; through the batch's
+                     pools, :func:`~vllm_lookahead.core.batch_step.draft_batch`)
 
 State, by lifetime: per engine -- the config, the paged KV cache (:class:`vllm_lookahead.engine.step.kv.PagedKV`,
 checked at start-up by :mod:`vllm_lookahead.engine.step.kv_layers`), the cost model with its clocks
@@ -44,6 +45,7 @@ import torch
 
 from vllm_lookahead.config import DraftMode, LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
+from vllm_lookahead.core.batch_step import StepAsk, draft_batch
 from vllm_lookahead.core.draft_rule import PooledConfidence, compile_plan, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest
 from vllm_lookahead.core.pool import SharedPools
@@ -263,7 +265,7 @@ class RunnerLookahead:
         """Observe this step's outcome per request and return next step's draft tokens (vLLM order):
         every request observes (window, pools, acceptance) -- but an idle one resting -- those
         with room get candidates; one :func:`~vllm_lookahead.core.drafting.draft_step` builds the
-        step's trees."""
+        step's trees (:meth:`_drafts`)."""
         t0 = time.perf_counter()
         decoding = sum(1 for s in sampled_token_ids if s)
         rule = self.config.mode is DraftMode.AUTO  # the draft rule sizes this step
@@ -303,16 +305,13 @@ class RunnerLookahead:
                 self.report.undrafted[req_id] = ask.label
             else:
                 asks.append(ask)
-        wanted = self._draft_requests(asks, self._candidates(asks, token_ids_cpu, floor, batch))
-        cost = self.timing.model() if rule and wanted else None
-        built = drafting.draft_step([w[2] for w in wanted], cost, base_tokens=decoding)
-        for (i, req_id, request, thinking), draft in zip(wanted, built):
-            drafts[i] = self._emit(req_id, draft, request.room, thinking)
+        for ask, draft in zip(asks, self._drafts(asks, token_ids_cpu, floor, batch, rule, decoding)):
+            drafts[ask.i] = self._emit(ask.req_id, draft, ask.room, ask.thinking)
             if rule:
-                self.live.offered(req_id, bool(drafts[i]), max_rest)
+                self.live.offered(ask.req_id, bool(drafts[ask.i]), max_rest)
         seconds = time.perf_counter() - t0
         if rule and can_draft:
-            self.timing.proposed_for(seconds, len(wanted))
+            self.timing.proposed_for(seconds, len(asks))
         self.report.propose_seconds += seconds
         return drafts
 
@@ -403,17 +402,48 @@ class RunnerLookahead:
         root = int(new_tokens[-1])
         return _Ask(i, req_id, state, sp, room, thinking, root, history, limit, eligibility.is_greedy(sp))
 
-    def _candidates(self, asks: list[_Ask], tokens: np.ndarray, floor: float, batch: bool) -> list[StepCandidates]:
+    def _drafts(
+        self, asks: list[_Ask], tokens: np.ndarray, floor: float, batch: bool, rule: bool, decoding: int
+    ) -> list[StepDraft]:
+        """Each ask's draft: under the draft rule, where the step goes through the batch and every
+        ask's pools are in :attr:`pools`, from the batch's arrays (:func:`.draft_batch`); else from
+        each ask's candidates (:meth:`_candidates`, :func:`~vllm_lookahead.core.drafting.draft_step`)."""
+        if not asks:
+            return []
+        prices = {greedy: self._prices(greedy) for greedy in (True, False)}
+        # Random sampling tries a node's children in turn, so candidates sharing a prefix are
+        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
+        step = [
+            StepAsk(
+                ask.state,
+                ask.i,
+                len(ask.history),
+                ask.root,
+                ask.room,
+                ask.max_candidates,
+                ask.max_candidates is None,
+                None if ask.greedy else True,
+                *prices[ask.greedy],
+            )
+            for ask in asks
+        ]
+        cost = self.timing.model() if rule else None
+        if cost is not None and batch and all(ask.state.text.batch_at is not None for ask in asks):
+            return draft_batch(self.pools, step, tokens, floor, cost, base_tokens=decoding)
+        requests = [
+            DraftRequest(a.state, c, a.room, a.window, a.merge, a.verify_seconds, a.token_seconds)
+            for a, c in zip(step, self._candidates(step, tokens, floor, batch))
+        ]
+        return drafting.draft_step(requests, cost, base_tokens=decoding)
+
+    def _candidates(self, asks: list[StepAsk], tokens: np.ndarray, floor: float, batch: bool) -> list[StepCandidates]:
         """Each ask's candidates: those of requests in :attr:`pools` from one batch of lookups
         (:meth:`.PoolBatch.step_candidates`) if ``batch``, the others' from their own."""
         out: list[StepCandidates | None] = [None] * len(asks)
         batched = [k for k, ask in enumerate(asks) if batch and ask.state.text.batch_at is not None]
         if batched:
             found = self.pools.step_candidates(
-                [
-                    (ask.state, ask.i, len(ask.history), ask.root, ask.room, ask.max_candidates, floor)
-                    for ask in (asks[k] for k in batched)
-                ],
+                [(*asks[k][:6], floor) for k in batched],  # state, row, length, root, room, max_candidates
                 tokens,
             )
             for k, cands in zip(batched, found):
@@ -421,40 +451,14 @@ class RunnerLookahead:
         context = self.config.lookup_context
         for k, ask in enumerate(asks):
             if out[k] is None:
-                history = ask.history
-                recent = history[max(0, len(history) - context) :]
+                recent = tokens[ask.row, max(0, ask.length - context) : ask.length]
                 out[k] = ask.state.step_candidates(ask.root, recent, ask.room, ask.max_candidates, min_gain=floor)
         return out  # type: ignore[return-value]
-
-    def _draft_requests(
-        self, asks: list[_Ask], cands: list[StepCandidates]
-    ) -> list[tuple[int, str, DraftRequest, ThinkingLimit | None]]:
-        """Each ask's row, id, :class:`DraftRequest` and thinking limit, with its kind's prices."""
-        prices = {greedy: self._prices(greedy) for greedy in (True, False)}
-        return [
-            (ask.i, ask.req_id, self._draft_request(ask, c, prices[ask.greedy]), ask.thinking)
-            for ask, c in zip(asks, cands)
-        ]
 
     def _prices(self, greedy: bool) -> tuple[float, float]:
         """What verifying a tree and each accepted token cost the host for a request of this kind
         (:meth:`.StepTiming.verify_seconds`, :meth:`.StepTiming.token_seconds`): read once per step."""
         return self.timing.verify_seconds(greedy), self.timing.token_seconds(greedy)
-
-    @staticmethod
-    def _draft_request(ask: _Ask, cands: StepCandidates, prices: tuple[float, float]) -> DraftRequest:
-        """The request's part of the step: its candidates, room and ``prices`` (:meth:`_prices`)."""
-        # Random sampling tries a node's children in turn, so candidates sharing a prefix are
-        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
-        return DraftRequest(
-            ask.state,
-            cands,
-            ask.room,
-            window=ask.max_candidates is None,
-            merge=None if ask.greedy else True,
-            verify_seconds=prices[0],
-            token_seconds=prices[1],
-        )
 
     def _emit(self, req_id: str, draft: StepDraft, room: int, thinking: ThinkingLimit | None) -> list[int]:
         """The draft's tokens as vLLM carries them (cut to the room and before any thinking-end
