@@ -128,10 +128,10 @@ class _KV:
 
 
 def _compile_loops(config: Any) -> None:
-    """The pools' loops compiled for ``config`` and the draft rule's, before the first step, as
-    the engine's start-up does (``RunnerLookahead.setup_kv``); a version of the package without
-    ``compile_pools`` or ``compile_plan`` compiles them on first use."""
-    from vllm_lookahead.core import draft_rule, request_text
+    """The pools' loops compiled for ``config``, the draft rule's and the sampled walks', before
+    the first step, as the engine's start-up does (``RunnerLookahead.setup_kv``); a version of the
+    package without ``compile_pools``, ``compile_plan`` or ``compile_walks`` compiles them on first use."""
+    from vllm_lookahead.core import draft_rule, request_text, sampling
 
     compile_pools = getattr(request_text, "compile_pools", None)
     if compile_pools is not None:
@@ -139,6 +139,9 @@ def _compile_loops(config: Any) -> None:
     compile_plan = getattr(draft_rule, "compile_plan", None)
     if compile_plan is not None:
         compile_plan()
+    compile_walks = getattr(sampling, "compile_walks", None)
+    if compile_walks is not None:
+        compile_walks()
 
 
 class LookaheadReplay:

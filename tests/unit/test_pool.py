@@ -342,8 +342,8 @@ def test_the_compiled_pool_follows_the_reference_rules(ops, ngram_size, guess_se
 def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
     """In a fresh process: loading the plugin imports no numba (vLLM's CPU worker scans every loaded
     module when it starts, and fails on what numba loads: ngram_table.load), and ``compile_pools``,
-    ``compile_plan``, ``compile_layout`` and ``compile_tree`` (start-up) leave none of the loops a
-    step calls to compile later."""
+    ``compile_plan``, ``compile_layout``, ``compile_tree`` and ``compile_walks`` (start-up) leave
+    none of the loops a step calls to compile later."""
     check = (
         "import sys\n"
         "from vllm_lookahead.engine.hooks import plugin\n"
@@ -364,7 +364,7 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "from vllm_lookahead.core.draft_rule import DraftOptions, compile_plan, plan_step\n"
         "from vllm_lookahead.core.step_cost import StepCost\n"
         "compile_plan()\n"
-        "assert len(p.plan.signatures) == 1\n"
+        "assert len(p.plan.signatures) == 1 and len(p.plan_rows.signatures) == 1\n"
         "plan_step([], StepCost((4,), (0.01,)), base_tokens=3)\n"
         "plan_step([None, DraftOptions((0.5,))], StepCost((1, 8), (0.01, 0.02)))\n"
         "assert len(p.plan.signatures) == 1, p.plan.signatures\n"
@@ -388,5 +388,13 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "builder.add_nodes([0, 0], [2, 3], True)\n"
         "builder.build().ancestor_words()\n"  # a branching tree as the engine's are made
         "assert len(tr._loops().words.signatures) == 1, tr._loops().words.signatures\n"
+        "from vllm_lookahead.core import sampling as s\n"
+        "s.compile_walks()\n"
+        "counts = lambda: [len(f.signatures) for f in vars(s._loops()).values()]\n"
+        "assert counts() == [1, 1, 1], counts()\n"
+        "trees = [tree, builder.build()]\n"  # a step's walks over its trees
+        "s.coupled_walks([(t, 2) for t in trees], lambda reached: [3] * len(reached))\n"
+        "s.Forest(trees).followed(np.concatenate([t.tokens for t in trees]))\n"
+        "assert counts() == [1, 1, 1], counts()\n"
     )
     subprocess.run([sys.executable, "-c", check], check=True)

@@ -99,15 +99,13 @@ def test_the_child_a_walk_moves_to_is_the_first_child_with_logits_carrying_the_t
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.lists(st.integers(1, 30), min_size=1, max_size=6))
 def test_a_round_s_children_looked_up_for_every_walk_at_once_are_child_carrying_s(seed, sizes):
-    """The lookup :func:`coupled_walks` makes for all its walks at once (``_FirstChildren``)
+    """The lookup :func:`coupled_walks` makes for all its walks at once (:meth:`Forest.first_children`)
     answers every (walk, node, token) as :func:`child_carrying` does in that walk's tree."""
-    from vllm_lookahead.core.sampling import _FirstChildren
-
     rng = np.random.default_rng(seed)
     trees = [random_tree(rng, int(rng.integers(VOCAB)), size) for size in sizes]
     queries = [(w, node, token) for w, t in enumerate(trees) for node in range(t.size) for token in range(VOCAB)]
     walk, node, token = (np.array(column, dtype=np.int64) for column in zip(*queries))
-    found = _FirstChildren(Forest(trees)).of(walk, node, token).tolist()
+    found = Forest(trees).first_children(walk, node, token).tolist()
     expected = [child_carrying(trees[w], n, t) for w, n, t in queries]
     assert found == [-1 if c is None else c for c in expected]
 

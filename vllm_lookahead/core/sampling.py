@@ -43,7 +43,9 @@ request and position).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -140,7 +142,7 @@ def coupled_walks(
     (walks in order).  Each walk's calls are those of :func:`coupled_walk`, in the same order, so
     a walk whose noise comes from its own generator advances it exactly as alone; the rounds
     let the walks of a step share each sampling call (one pass over their rows, one read-back),
-    and a round's children are looked up for every walk at once (:class:`_FirstChildren`).
+    and a round's children are looked up for every walk at once (:meth:`Forest.first_children`).
 
     ``drawn`` (over ``forest``: the walks' trees end to end, in walk order; -1 where none): tokens
     sampled before the walks at some nodes, each from that node's distribution with a draw of its
@@ -150,13 +152,12 @@ def coupled_walks(
     whose draws must come from its own generator, one per emitted token in order (a seeded request).
     """
     forest = forest if forest is not None else Forest([tree for tree, _ in walks])
-    children = _FirstChildren(forest)
     tokens = np.fromiter((int(first) for _, first in walks), dtype=np.int64, count=len(walks))
     nodes = np.zeros(len(walks), dtype=np.int64)
     paths: list[list[int]] = [[] for _ in walks]
     going = np.arange(len(walks))
     while going.size:
-        child = children.of(going, nodes[going], tokens[going])
+        child = forest.first_children(going, nodes[going], tokens[going])
         found = child >= 0
         going, child = going[found], child[found]
         if not going.size:
@@ -175,13 +176,16 @@ def coupled_walks(
 
 
 class Forest:
-    """Several trees as one set of arrays: node ``i`` of tree ``w`` at ``offsets[w] + i``."""
+    """Several trees as one set of arrays: node ``i`` of tree ``w`` at ``offsets[w] + i``; a walk
+    over them (:meth:`followed`, :meth:`first_children`) is one compiled loop (:func:`_loops`)."""
 
     def __init__(self, trees: Sequence[DraftTree]) -> None:
-        sizes = np.fromiter((t.size for t in trees), dtype=np.int64, count=len(trees))
-        self.offsets = np.cumsum(sizes) - sizes
-        self.walk = np.repeat(np.arange(len(trees), dtype=np.int64), sizes)  # each node's tree
-        self.node = np.arange(int(sizes.sum()), dtype=np.int64) - np.repeat(self.offsets, sizes)  # its id there
+        self.sizes = np.fromiter((t.size for t in trees), dtype=np.int64, count=len(trees))
+        self.offsets = np.cumsum(self.sizes) - self.sizes
+        total = int(self.offsets[-1] + self.sizes[-1]) if trees else 0
+        self.walk = np.empty(total, dtype=np.int64)  # each node's tree
+        self.node = np.empty(total, dtype=np.int64)  # its id there
+        _loops().index(self.sizes, self.walk, self.node)
         empty = np.zeros(0, dtype=np.int64)
         self.parents = np.concatenate([t.parents for t in trees]).astype(np.int64) if trees else empty
         self.tokens = np.concatenate([t.tokens for t in trees]) if trees else empty
@@ -196,39 +200,77 @@ class Forest:
         parent's ``next_token`` (per node; for instance the target's argmax, a root's the token
         sampled after it) -- the nodes a walk reaches while the token drawn at every node it
         reaches is that node's ``next_token``.  Roots included."""
-        root = self.node == 0
-        parent = np.where(root, 0, self.parents) + self.offsets[self.walk]
-        steps = ~root & self.logits & (self.tokens == next_token[parent])
-        reached = root
-        while True:  # one level deeper per pass
-            further = root | (steps & reached[parent])
-            if np.array_equal(further, reached):
-                return reached
-            reached = further
+        reached = np.empty(self.size, dtype=bool)
+        forest = (self.offsets, self.walk, self.node, self.parents, self.tokens, self.logits)
+        _loops().followed(*forest, np.asarray(next_token, dtype=np.int64), reached)
+        return reached
 
-
-class _FirstChildren:
-    """:func:`child_carrying` for many walks' trees in one lookup: every node with logits (the root
-    aside) keyed by (walk, parent, token), the first in node order kept per key, sorted; a round's
-    ``(walk, node, token)`` triples found with one ``searchsorted``."""
-
-    _NODE, _WALK = 24, 44  # a key: walk << 44 | parent << 24 | token (tokens < 2**24, nodes < 2**20)
-
-    def __init__(self, forest: Forest) -> None:
-        keep = forest.logits & (forest.node > 0)
-        keys = self._key(forest.walk[keep], forest.parents[keep], forest.tokens[keep])
-        self._keys, first = np.unique(keys, return_index=True)  # first: the key's first occurrence (node order)
-        self._children = forest.node[keep][first]
-
-    @classmethod
-    def _key(cls, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
-        return (walk << cls._WALK) | (node << cls._NODE) | token
-
-    def of(self, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
+    def first_children(self, walk: np.ndarray, node: np.ndarray, token: np.ndarray) -> np.ndarray:
         """Per ``(walk, node, token)``: the first child of ``node`` with logits carrying ``token``
-        in that walk's tree, or -1."""
-        if not self._keys.size:
-            return np.full(walk.shape, -1, dtype=np.int64)
-        query = self._key(walk, node, token.astype(np.int64))
-        at = np.minimum(np.searchsorted(self._keys, query), self._keys.size - 1)
-        return np.where(self._keys[at] == query, self._children[at], -1)
+        in that walk's tree (:func:`child_carrying`), or -1 -- for all of a round's walks in one
+        call, each a scan of its tree's nodes after ``node`` (a child comes after its parent)."""
+        out = np.empty(len(walk), dtype=np.int64)
+        _loops().children(
+            self.offsets,
+            self.sizes,
+            self.parents,
+            self.tokens,
+            self.logits,
+            np.asarray(walk, dtype=np.int64),
+            np.asarray(node, dtype=np.int64),
+            np.asarray(token, dtype=np.int64),
+            out,
+        )
+        return out
+
+
+def _index_loop(sizes, walk, node):
+    """Each node's tree and its id there, the trees of ``sizes`` end to end."""
+    k = 0
+    for w in range(len(sizes)):
+        for i in range(sizes[w]):
+            walk[k] = w
+            node[k] = i
+            k += 1
+
+
+def _followed_loop(offsets, walk, node, parents, tokens, logits, next_token, reached):
+    """:meth:`Forest.followed` node by node: a parent comes before its children."""
+    for k in range(len(node)):
+        if node[k] == 0:
+            reached[k] = True
+        else:
+            p = offsets[walk[k]] + parents[k]
+            reached[k] = logits[k] and reached[p] and tokens[k] == next_token[p]
+
+
+def _children_loop(offsets, sizes, parents, tokens, logits, walk, node, token, out):
+    """:meth:`Forest.first_children`."""
+    for q in range(len(walk)):
+        base, parent = offsets[walk[q]], node[q]
+        out[q] = -1
+        for i in range(parent + 1, sizes[walk[q]]):
+            k = base + i
+            if parents[k] == parent and logits[k] and tokens[k] == token[q]:
+                out[q] = i
+                break
+
+
+@functools.lru_cache(maxsize=1)
+def _loops() -> SimpleNamespace:
+    """The forest's compiled loops (numba, ``cache=True``), made on first use: see
+    :func:`.ngram_table.load`; :func:`compile_walks` makes them at start-up."""
+    from numba import njit
+
+    return SimpleNamespace(
+        index=njit(cache=True)(_index_loop),
+        followed=njit(cache=True)(_followed_loop),
+        children=njit(cache=True)(_children_loop),
+    )
+
+
+def compile_walks() -> None:
+    """Compile the forest's loops before the first sampled step that walks a tree."""
+    forest = Forest([DraftTree.chain([0, 1, 2])])
+    forest.followed(np.array([1, 2, 3], dtype=np.int64))
+    forest.first_children(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64))

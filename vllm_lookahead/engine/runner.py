@@ -52,6 +52,7 @@ from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.pool_batch import PoolBatch
 from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.request_text import compile_pools
+from vllm_lookahead.core.sampling import compile_walks
 from vllm_lookahead.core.tree import compile_tree
 from vllm_lookahead.engine.hooks.proposer import LookaheadProposer
 from vllm_lookahead.engine.hooks.step_context import STEP_CONTEXT
@@ -150,11 +151,12 @@ class RunnerLookahead:
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
-        the pools' loops, the step layout's, the draft rule's, on a CPU the sampled draw's and
+        the pools' loops, the step layout's, the sampled walks', the draft rule's, on a CPU the sampled draw's and
         elsewhere the trees' ancestor words', profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
         compile_layout()
+        compile_walks()
         if torch.device(self.runner.device).type == "cpu":
             compile_draw()  # sampled walks draw on CPU tensors there
         else:
