@@ -98,7 +98,7 @@ def test_roots_first_layout_puts_every_root_row_first():
     logit_nodes = draft.tree.logit_rows()
     assert batch.roots_first
     assert batch.logits_indices.tolist() == [9, 10, 10 + n, *(10 + logit_nodes[1:]).tolist()]
-    assert batch.sample_rows.tolist() == [0, 1, 2]
+    assert batch.sample_rows is None  # the roots are the logits' first rows, in batch order
     assert batch.tree_logit_rows.tolist() == [1, *range(3, 3 + len(logit_nodes) - 1)]
     # each tree node's logits row reads the hidden state of that node's token row
     rows = batch.logits_indices[batch.tree_logit_rows].tolist()
@@ -136,6 +136,9 @@ def test_every_layout_reads_each_requests_rows(requests, roots_first):
         assert batch is None
         return
     logits = batch.logits_indices.tolist()
+    # roots first: the logits' first rows are the roots, in batch order (no gather to sample them)
+    assert (batch.sample_rows is None) == roots_first
+    sample_rows = list(range(len(req_ids))) if roots_first else batch.sample_rows.tolist()
     trees = iter(batch.requests)
     tree_rows, rows, positions = [], [], []
     for i, req_id in enumerate(req_ids):
@@ -143,18 +146,16 @@ def test_every_layout_reads_each_requests_rows(requests, roots_first):
             tr = next(trees)
             nodes = tr.tree.logit_rows()
             assert tr.batch_index == i and tr.token_start == qsl[i] and tr.num_nodes == sizes[i]
-            assert logits[int(batch.sample_rows[i])] == qsl[i]
+            assert logits[sample_rows[i]] == qsl[i]
             tree_rows.append((qsl[i] + nodes).tolist())
             rows += list(range(qsl[i] + 1, qsl[i] + sizes[i]))
             positions += (computed[i] + tr.tree.depths[1:]).tolist()
         else:
-            assert logits[int(batch.sample_rows[i])] == qsl[i + 1] - 1
+            assert logits[sample_rows[i]] == qsl[i + 1] - 1
     assert [logits[r] for r in batch.tree_logit_rows.tolist()] == [r for t in tree_rows for r in t]
     assert len(logits) == len(req_ids) + sum(len(t) - 1 for t in tree_rows)
-    if roots_first:
-        assert batch.sample_rows.tolist() == list(range(len(req_ids)))
-    else:  # request by request: a request's rows follow the one before
-        assert batch.sample_rows.tolist() == sorted(set(batch.sample_rows.tolist()))
+    if not roots_first:  # request by request: a request's rows follow the one before
+        assert sample_rows == sorted(set(sample_rows))
     vllm_positions = _vllm_positions(qsl, computed)
     written = vllm_positions.clone()
     batch.write_positions(written)

@@ -204,9 +204,7 @@ class RunnerLookahead:
         if batch is None:
             return result
         batch.write_positions(runner.positions)
-        table = ib.block_table[0]
-        batch.slot_mapping = table.slot_mapping.gpu[: int(qsl[-1])]
-        batch.block_table = table.get_device_tensor(num_reqs)
+        batch.kv_rows = (ib.block_table[0], int(qsl[-1]), num_reqs)  # read where the step needs them
         batch.kv = self.kv
         self.batch = batch
         if self.timing.timing_step:

@@ -219,9 +219,7 @@ def kernel_plan(batch: TreeBatch, heads: int, num_kv_heads: int, head_size: int,
         )
         for tr in batch.branching
     ]
-    return kernel.TreeAttentionPlan.build(
-        spans, batch.block_table, heads, num_kv_heads, head_size, cache_dtype=cache_dtype
-    )
+    return kernel.TreeAttentionPlan.build(spans, batch.table(), heads, num_kv_heads, head_size, cache_dtype=cache_dtype)
 
 
 def _check_kernel(

@@ -65,16 +65,37 @@ class TreeRequest:
 class TreeBatch:
     requests: list[TreeRequest]
     logits_indices: torch.Tensor  # rows of hidden states to compute logits for
-    sample_rows: torch.Tensor  # (num_reqs,) logits row used to sample each request's next token
+    sample_rows: torch.Tensor | None  # (num_reqs,) logits row sampled per request (None: roots_first)
     tree_logit_rows: np.ndarray  # logits rows of all tree nodes with logits, request by request (host)
-    slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row
-    block_table: torch.Tensor | None = None  # (num_reqs, max_blocks) the step's block table
+    slot_mapping: torch.Tensor | None = None  # the step's KV slot per token row (:meth:`slots`)
+    block_table: torch.Tensor | None = None  # (num_reqs, max_blocks) the step's block table (:meth:`table`)
     kv: PagedKV | None = None  # the worker's paged KV cache
+    kv_rows: tuple | None = None  # (vLLM's BlockTable, tokens, requests) of the step: the two above, read on first use
     tree_attention_layers: int = 0  # layers whose draft rows got the tree mask this step
     kernel_metadata: tuple | None = None  # (vLLM's attention metadata, ours with the tree rows cut), CPU_ATTN
-    roots_first: bool = False  # logits rows 0..num_reqs-1 are the roots (sample_rows = arange)
+    roots_first: bool = False  # logits rows 0..num_reqs-1 are the roots (no sample_rows: a slice of the logits)
 
     kernel_plans: dict = field(default_factory=dict)  # the Triton kernel's launch plan per layer geometry
+
+    def slots(self) -> torch.Tensor:
+        """The step's KV slot per token row: :attr:`slot_mapping`, taken from :attr:`kv_rows` the
+        first time a step reads it -- one that accepts along its trees' chains never does (a torch
+        call per step saved where the batch's trees are chains).  A view of vLLM's buffer, which
+        holds the step's slots from ``_prepare_inputs`` until the next step's."""
+        if self.slot_mapping is None and self.kv_rows is not None:
+            table, num_tokens, _ = self.kv_rows
+            self.slot_mapping = table.slot_mapping.gpu[:num_tokens]
+        assert self.slot_mapping is not None, "tree batch without KV access"
+        return self.slot_mapping
+
+    def table(self) -> torch.Tensor:
+        """``(num_reqs, max_blocks)`` the step's block table: :attr:`block_table`, taken from
+        :attr:`kv_rows` the first time a step reads it (its branching trees' attention)."""
+        if self.block_table is None and self.kv_rows is not None:
+            table, _, num_reqs = self.kv_rows
+            self.block_table = table.get_device_tensor(num_reqs)
+        assert self.block_table is not None, "tree batch without KV access"
+        return self.block_table
 
     @cached_property
     def branching(self) -> list[TreeRequest]:
@@ -93,8 +114,8 @@ class TreeBatch:
 
         Built on first use (the first attention layer of the step); None when no row needs it.
         """
-        assert self.block_table is not None and self.kv is not None, "tree batch without KV access"
-        return PaddedDraftRows.build(self.requests, self.block_table, self.kv.block_size)
+        assert self.kv is not None, "tree batch without KV access"
+        return PaddedDraftRows.build(self.requests, self.table(), self.kv.block_size)
 
     def logits_rows_as_drafts(self, scheduled_spec: dict[str, list[int]]) -> dict[str, list[int]]:
         """``scheduled_spec_decode_tokens`` as vLLM code that walks logits rows must see it.
@@ -201,7 +222,7 @@ def build_tree_batch(
     return TreeBatch(
         requests=requests,
         logits_indices=torch.from_numpy(logits_rows).to(device),
-        sample_rows=torch.from_numpy(sample_rows).to(device),
+        sample_rows=None if roots_first else torch.from_numpy(sample_rows).to(device),
         tree_logit_rows=tree_rows,
         roots_first=roots_first,
     )

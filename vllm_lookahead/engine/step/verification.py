@@ -88,11 +88,11 @@ def _compact(batch: TreeBatch, src_rows: list[int], dst_rows: list[int]) -> None
     """Move the accepted paths' KV from their tree rows to the rows right after their roots."""
     if not src_rows:
         return
-    assert batch.slot_mapping is not None and batch.kv is not None
-    slot_mapping = batch.slot_mapping
-    rows_src = torch.tensor(src_rows, device=slot_mapping.device)
-    rows_dst = torch.tensor(dst_rows, device=slot_mapping.device)
-    batch.kv.move(slot_mapping[rows_src].long(), slot_mapping[rows_dst].long())
+    assert batch.kv is not None
+    slot_mapping = batch.slots()
+    # both lists in one copy to the device and one gather (each torch call costs the step's thread)
+    slots = slot_mapping[torch.tensor(src_rows + dst_rows, device=slot_mapping.device)].long()
+    batch.kv.move(slots[: len(src_rows)], slots[len(src_rows) :])
 
 
 def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[Any, dict[str, StepOutcome]]:
@@ -105,7 +105,7 @@ def verify_step(runner: Any, logits: torch.Tensor, batch: TreeBatch) -> tuple[An
     tree_argmax = _node_argmax(logits, batch, num_reqs)
     plans = plan_trees(runner.requests, sm, batch)
     kept = _kept_rows(logits, batch, plans)
-    roots = logits[:num_reqs] if batch.roots_first else logits[batch.sample_rows]  # roots first: no copy
+    roots = logits[:num_reqs] if batch.sample_rows is None else logits[batch.sample_rows]  # roots first: no copy
     sampled = sample_one_row_per_request(runner.sampler, roots, sm)
     root_tokens = sampled.sampled_token_ids[:num_reqs, 0].tolist()
     verified = verify_trees(sm, batch, plans, kept, tree_argmax, root_tokens, SamplerNoise.of(runner.sampler))
