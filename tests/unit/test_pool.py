@@ -365,6 +365,7 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "from vllm_lookahead.core.step_cost import StepCost\n"
         "compile_plan()\n"
         "assert len(p.plan.signatures) == 1 and len(p.plan_rows.signatures) == 1\n"
+        "assert len(p.draft_rows.signatures) == 1, p.draft_rows.signatures\n"  # compile_batch: the rule's batch step
         "plan_step([], StepCost((4,), (0.01,)), base_tokens=3)\n"
         "plan_step([None, DraftOptions((0.5,))], StepCost((1, 8), (0.01, 0.02)))\n"
         "assert len(p.plan.signatures) == 1, p.plan.signatures\n"

@@ -6,12 +6,13 @@ its :class:`~.request.StepCandidates` (every continuation its pools found, as tu
 out each request's options for the rule (:meth:`~.request.RequestLookahead.lay_out_options`).  At
 a few dozen proposing requests those records are most of a proposal's host work, and most of
 them are never used: a full batch drafts chains, and chains read the lead alone.
-:func:`draft_batch` makes the same drafts in four compiled calls over the step's rows -- the
-lookups (:meth:`~.pool_batch.PoolBatch.lookups`), the leads' lengths
-(:func:`~.draft_rule.own_lead_lengths`), their growth (:meth:`~.pool_batch.PoolBatch.grow`) and
-the plan (:func:`~.plan_loop.plan_rows`, which lays the options out itself) -- and reads each
-request only for its records (the lead's odds' shifts, its candidates' and window's rates) and
-to build its tree; further candidates become tuples only for requests the plan gives some.
+:func:`draft_batch` makes the same drafts in one compiled call over the step's rows
+(:func:`~.plan_loop.draft_rows`, through :meth:`~.pool_batch.PoolBatch.draft_rows`): the lookups,
+the leads' lengths, their growth and the plan, which lays the options out itself, each phase
+reading the arrays the one before wrote.  Each request is read once for its numbers (its text's
+place, root, room, window, the lead's odds' shifts, its candidates' and window's rates, its
+prices) and once more to build its tree; further candidates become tuples only for requests the
+plan gives some.
 
 The drafts are those of :func:`~.drafting.draft_step` over
 :meth:`~.pool_batch.PoolBatch.step_candidates` (tests/unit/test_batch_step.py).
@@ -24,8 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .draft_rule import NO_EVIDENCE, LeadEvidence, own_lead_lengths
-from .plan_loop import load as plan_loops
+from .draft_rule import LEAD_FIRST_LOGIT, LEAD_NEXT_LOGIT, NO_EVIDENCE, SUPPORT_SLOPE, LeadEvidence
 from .pool_batch import PoolBatch
 from .request import RequestLookahead, StepCandidates, StepDraft
 from .step_cost import StepCost
@@ -62,33 +62,27 @@ def draft_batch(
     ask)."""
     if not asks:
         return []
-    where, found, found_sources, answers = pools.lookups(asks, tokens)
-    answered = answers.tolist()
-    # an admitted request asks its own pools alone, longest context first: pool p matched width - p tokens
-    contexts = [pools.width - first if n else 0 for n, first, _ in answered]
-    lengths, odds = own_lead_lengths(
-        [ask.state.acceptance.lead for ask in asks],
-        contexts,
-        [support for _, _, support in answered],
-        [ask.room for ask in asks],
-        [min_gain] * len(asks),
-        [ask.state.config.lead_tokens for ask in asks],
+    ints, floats, most = _rows(asks)
+    xs, ys, terms = cost.terms()
+    head = (len(asks) if base_tokens is None else base_tokens, *terms, min_gain, SUPPORT_SLOPE)
+    found, found_sources, answers, odds, buf, sources, plans = pools.draft_rows(
+        ints, floats, head, _LEAD_TABLES, tokens, xs, ys, most
     )
-    grown, bufs, lead_sources = pools.grow(where, found, found_sources, lengths)
-    plans = _plan(asks, answered, grown, odds, found.shape[2], cost, base_tokens)
     drafts = []
-    for r, (ask, (n, _, support), context, (t, d), text, sources, lead_odds, (lead, cands, cols)) in enumerate(
-        zip(asks, answered, contexts, grown, bufs, lead_sources, odds, zip(*plans))
+    for r, (ask, (n, first, support, t, d), text, lead_sources, lead_odds, lead, cands, cols) in enumerate(
+        zip(asks, answers.tolist(), buf.tolist(), sources.tolist(), odds.tolist(), *plans.tolist())
     ):
         asked = n > 0 and ask.room > 0
         others: list[tuple[tuple[int, ...], int]] = []
         if cands and d:  # the tuples of the further candidates the plan takes
             limit = n if ask.max_candidates is None else min(n, ask.max_candidates)
             others = list(zip(map(tuple, found[r, 1:limit].tolist()), found_sources[r, 1:limit].tolist()))
+        # an admitted request asks its own pools alone, longest context first: pool p matched width - p tokens
+        context = pools.width - first if n else 0
         candidates = StepCandidates(
             ask.root,
             tuple(text[t : t + d]),
-            sources[:d],
+            lead_sources[:d],
             others,
             lead_evidence=LeadEvidence(context, max(1, support), False) if asked else NO_EVIDENCE,
             lead_odds=tuple(lead_odds) if asked else None,
@@ -101,48 +95,38 @@ def draft_batch(
     return drafts
 
 
-def _plan(
-    asks: Sequence[StepAsk],
-    answered: list[list[int]],
-    grown: list[list[int]],
-    odds: list[list[float]],
-    width: int,
-    cost: StepCost,
-    base_tokens: int | None,
-) -> list[list[int]]:
-    """The rule's plan (:meth:`.StepOptions.plan`): every ask's options as
-    :meth:`.RequestLookahead.lay_out_options` gives them, one row each, planned in one compiled
-    call; three lists (lead tokens, further candidates, window columns) in the asks' order."""
+def _rows(asks: Sequence[StepAsk]) -> tuple[list[int], list[float], int]:
+    """Every ask's numbers as :func:`~.plan_loop.draft_rows` reads them, in two flat lists (its
+    ints' and floats' columns), and the longest lead any ask may grow."""
     ints: list[int] = []
     floats: list[float] = []
-    for ask, (n, _, _), (_, d), lead_odds in zip(asks, answered, grown, odds):
+    most = 1
+    for ask in asks:
         state = ask.state
         acc = state.acceptance
         window = state.window if ask.window else None
-        limit = n if ask.max_candidates is None else min(n, ask.max_candidates)
+        span = state.config.lead_tokens
         ints += (
-            d,
-            limit - 1 if d else 0,  # further candidates: the lead's siblings, N - 1 tokens each
-            width,
+            state.text.batch_at,
+            ask.row,
+            ask.length,
+            ask.root,
+            ask.room,
+            span,
+            -1 if ask.max_candidates is None else ask.max_candidates,
             window.filled if window is not None else 0,
             window.window_size if window is not None else 0,
         )
         floats += (
-            *(lead_odds if d else (0.0, 0.0)),
+            *acc.lead.shifts(),
             acc.candidate.value,
             acc.window_column.value,
             ask.verify_seconds,
             ask.token_seconds,
         )
-    R = len(asks)
-    xs, ys, terms = cost.terms()
-    out = np.zeros((3, R), dtype=np.int64)
-    plan_loops().plan_rows(
-        np.array(ints, dtype=np.int64).reshape(R, 5),
-        np.array(floats, dtype=np.float64).reshape(R, 6),
-        np.array([R if base_tokens is None else base_tokens, *terms], dtype=np.float64),
-        xs,
-        ys,
-        out,
-    )
-    return out.tolist()
+        most = max(most, min(ask.room, span))
+    return ints, floats, most
+
+
+# the fitted tables of own-text leads, as plan_loop.draft_rows reads them: first's length, first, next
+_LEAD_TABLES = np.array([len(LEAD_FIRST_LOGIT), *LEAD_FIRST_LOGIT, *LEAD_NEXT_LOGIT], dtype=np.float64)

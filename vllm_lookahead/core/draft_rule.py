@@ -165,10 +165,14 @@ class _Calibration:
         return _logit(observed) - _logit(predicted)
 
     def add(self, tries: int, hits: int, expected: float) -> None:
-        self.age(self.decay)
-        self.tries += tries
-        self.hits += hits
-        self.expected += expected
+        """One observation: the record aged by :attr:`decay`, then ``tries``, ``hits``, ``expected`` added."""
+        d = self.decay
+        self.tries, self.hits, self.expected = (
+            d * self.tries + tries,
+            d * self.hits + hits,
+            d * self.expected + expected,
+        )
+        self._shift = None
 
     def age(self, decay: float) -> None:
         self.tries, self.hits, self.expected = decay * self.tries, decay * self.hits, decay * self.expected

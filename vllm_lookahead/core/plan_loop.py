@@ -26,9 +26,12 @@ Compiled by :func:`load` on first use (numba is not imported before; see :mod:`.
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
+
+from .ngram_table import load as load_pool_loops
 
 CAND_GAIN, COL_GAIN, FIXED, PER_TOKEN = 0, 1, 2, 3  # scalars' columns
 # pieces' columns: gain per row, gain, rows, is a chain, is a candidate
@@ -349,6 +352,26 @@ def _sigmoid(z):
     return 1.0 / (1.0 + math.exp(-z)) if z > -30 else 0.0
 
 
+def _lead_length(c, support, room, span, shift_first, shift_next, floor, first_table, next_table, slope, odds, r):
+    """One lead of :func:`lead_lengths`: its odds into ``odds[r]``, its length returned."""
+    odds[r, 0] = odds[r, 1] = 0.0
+    if c <= 0 or room <= 0:
+        return 0
+    first = first_table[min(max(c, 1), len(first_table)) - 1] + slope * math.log(max(support, 1))
+    p = _sigmoid(first + shift_first)
+    q = _sigmoid(next_table[min(max(c, 1), len(next_table)) - 1] + shift_next)
+    odds[r, 0], odds[r, 1] = p, q
+    if p < floor or p <= 0:
+        above = 0
+    elif floor <= 0 or q >= 1:
+        above = span
+    elif q <= 0:
+        above = 1
+    else:
+        above = min(span, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
+    return min(room, span, 1 + above)
+
+
 def lead_lengths(each, floats, first_table, next_table, slope, lengths, odds):
     """For each request ``r`` whose lookup found a lead after ``context`` tokens (0: none) with
     ``support`` in its own pools (``each[:, r]`` = (context, support, room, span), ``floats[r]`` =
@@ -360,29 +383,109 @@ def lead_lengths(each, floats, first_table, next_table, slope, lengths, odds):
     where nothing was found or there is no room).  The same operations in the same order as the
     Python, so the same floats."""
     for r in range(each.shape[1]):
-        lengths[r] = 0
-        odds[r, 0] = odds[r, 1] = 0.0
-        c, room = each[0, r], each[2, r]
-        if c <= 0 or room <= 0:
-            continue
-        first = first_table[min(max(c, 1), len(first_table)) - 1] + slope * math.log(max(each[1, r], 1))
-        p = _sigmoid(first + floats[r, 0])
-        q = _sigmoid(next_table[min(max(c, 1), len(next_table)) - 1] + floats[r, 1])
-        odds[r, 0], odds[r, 1] = p, q
-        floor, span = floats[r, 2], each[3, r]
-        if p < floor or p <= 0:
-            above = 0
-        elif floor <= 0 or q >= 1:
-            above = span
-        elif q <= 0:
-            above = 1
-        else:
-            above = min(span, 1 + int(math.log(floor / p) / math.log(q) + 1e-9))
-        lengths[r] = min(room, span, 1 + above)
+        lengths[r] = _lead_length(
+            each[0, r],
+            each[1, r],
+            each[2, r],
+            each[3, r],
+            floats[r, 0],
+            floats[r, 1],
+            floats[r, 2],
+            first_table,
+            next_table,
+            slope,
+            odds,
+            r,
+        )
 
 
-_INLINED = ("_chain", "_forward", "_before", "_swap", "_sigmoid")  # compiled into their callers
+# draft_rows' per-request numbers: its ints' columns, then its floats'
+AT, ROW, LENGTH, ROOT, ROOM, SPAN, LIMIT, FILLED, COLUMNS = range(9)
+SHIFT_FIRST, SHIFT_NEXT, CAND_RATE, COL_RATE, VERIFY_S, TOKEN_S = range(6)
+
+
+def draft_rows(
+    tables, ints, floats, head, logit_tables, tokens, xs, ys, found, found_sources, answers, odds, buf, sources, out
+):
+    """A batch step's lookups, leads and plan in one call (:func:`~.batch_step.draft_batch`):
+    :func:`~.ngram_table.lookup_rows` of every request, :func:`lead_lengths` of what each found
+    (the lead's context: the pools per request less the pool it came from), the leads grown to
+    those lengths (:func:`~.ngram_table.grow_rows`) and :func:`plan_rows` of the options.
+    Per request ``r``, ``ints[r]`` = (its block in ``tables``, its row and length in ``tokens``,
+    root, room, lead span, candidate limit (-1: none), window levels filled and columns: 0 for
+    none) and ``floats[r]`` = (its lead records' log-odds shifts, first and next, its candidate
+    and window-column gains, its fixed price and price per accepted token); ``head`` = (the bare
+    forward's tokens, the cost model's four fitted terms, the floor, the support slope, pools per
+    request, the lookup's context, continuations per lookup); ``logit_tables`` = the fitted first-
+    and next-token tables of own-text leads, one after the other (first's length first).  Out:
+    the lookups (``found``, ``found_sources``, ``answers``), the leads' odds, ``buf`` /
+    ``sources`` / ``answers[r, 3:5]`` as :func:`~.ngram_table.grow_rows` gives them (``t``,
+    ``d``), ``out`` the plan (lead tokens, further candidates, window columns)."""
+    R = ints.shape[0]
+    count, context, limit = int(head[7]), int(head[8]), int(head[9])
+    asks = np.empty((4, R), dtype=np.int64)  # the pools' loops' columns: block, row, length, root
+    for r in range(R):
+        asks[0, r], asks[1, r], asks[2, r], asks[3, r] = ints[r, AT], ints[r, ROW], ints[r, LENGTH], ints[r, ROOT]
+    look = np.empty((R, 3), dtype=np.int64)  # lookup_rows' answers (a contiguous array: its one signature)
+    _lookup_rows(tables, asks, count, tokens, context, limit, found, found_sources, look)
+    answers[:, :3] = look
+    want = _leads(answers, ints, floats, head, logit_tables, count, odds)
+    grown = np.empty((R, 2), dtype=np.int64)
+    _grow_rows(tables, asks, count, tokens, context, found, found_sources, want, buf, sources, grown)
+    answers[:, 3:] = grown
+    rows, gains = _options(ints, floats, answers, odds, found.shape[2])
+    plan_rows(rows, gains, head[:5], xs, ys, out)
+
+
+def _leads(answers, ints, floats, head, logit_tables, count, odds):
+    """:func:`draft_rows`' leads: each request's length (returned) and odds (into ``odds``), as
+    :func:`lead_lengths` gives them for what its lookup found (``answers[r, :3]``)."""
+    R = ints.shape[0]
+    n_first = int(logit_tables[0])
+    first_table, next_table = logit_tables[1 : 1 + n_first], logit_tables[1 + n_first :]
+    want = np.empty(R, dtype=np.int64)
+    for r in range(R):
+        c = count - answers[r, 1] if answers[r, 0] else 0  # pool p of a request matched count - p tokens
+        want[r] = _lead_length(
+            c,
+            answers[r, 2],
+            ints[r, ROOM],
+            ints[r, SPAN],
+            floats[r, SHIFT_FIRST],
+            floats[r, SHIFT_NEXT],
+            head[5],
+            first_table,
+            next_table,
+            head[6],
+            odds,
+            r,
+        )
+    return want
+
+
+def _options(ints, floats, answers, odds, width):
+    """:func:`draft_rows`' options, one row each as :func:`plan_rows` reads them."""
+    R = ints.shape[0]
+    rows = np.empty((R, 5), dtype=np.int64)
+    gains = np.empty((R, 6), dtype=np.float64)
+    for r in range(R):
+        d, n, cap = answers[r, 4], answers[r, 0], ints[r, LIMIT]
+        most = n if cap < 0 else min(n, cap)
+        rows[r, 0] = d
+        rows[r, 1] = most - 1 if d else 0  # further candidates: the lead's siblings, N - 1 tokens each
+        rows[r, 2] = width
+        rows[r, 3], rows[r, 4] = ints[r, FILLED], ints[r, COLUMNS]
+        gains[r, 0] = odds[r, 0] if d else 0.0
+        gains[r, 1] = odds[r, 1] if d else 0.0
+        for k in range(4):
+            gains[r, 2 + k] = floats[r, CAND_RATE + k]
+    return rows, gains
+
+
+_INLINED = ("_chain", "_forward", "_before", "_swap", "_sigmoid", "_lead_length")  # compiled into their callers
 _HELPERS = (
+    "_leads",
+    "_options",
     "_plan",
     "_push",
     "_pop",
@@ -392,7 +495,7 @@ _HELPERS = (
     "_drop_leads_that_lower_the_rate",
     "_plan_branches",
 )
-LOOPS = ("plan", "plan_rows", "lead_lengths")
+LOOPS = ("plan", "plan_rows", "lead_lengths", "draft_rows")
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran
 
 
@@ -402,10 +505,29 @@ def load() -> SimpleNamespace:
         from numba import njit
 
         module = globals()
+        pools = load_pool_loops()  # draft_rows calls the pools' compiled loops
+        module["_lookup_rows"], module["_grow_rows"] = pools.lookup_rows, pools.grow_rows
         for name in _INLINED:
             module[name] = njit(cache=True, inline="always")(module[name])
         for name in (*_HELPERS, *LOOPS):
             module[name] = njit(cache=True)(module[name])
+        _drop_if_stale(module["draft_rows"], load_pool_loops.__code__.co_filename)
         for name in LOOPS:
             setattr(loops, name, module[name])
     return loops
+
+
+_lookup_rows = _grow_rows = None  # ngram_table's lookup_rows and grow_rows, compiled (load)
+
+
+def _drop_if_stale(dispatcher, dependency: str) -> None:
+    """numba keys a function's cache on its own file alone, and a function it calls is compiled
+    into it: a cached :func:`draft_rows` would keep the pools' loops it was compiled with after
+    ``ngram_table.py`` changed.  Its cache is dropped (compiled again at its first call) where
+    that file is newer than the cache's index."""
+    try:
+        index = dispatcher._cache._cache_file._index_path
+        if os.path.exists(index) and os.path.getmtime(index) < os.path.getmtime(dependency):
+            dispatcher._cache.flush()
+    except (AttributeError, OSError):  # another numba's cache layout, or none: nothing to drop
+        pass

@@ -32,6 +32,7 @@ import numpy as np
 from .draft_rule import NO_EVIDENCE, LeadEvidence, own_lead_lengths
 from .mode import DraftMode
 from .ngram_table import load, new_meta
+from .plan_loop import load as plan_loops
 from .pool import NgramPool, _empty_table
 from .request import RequestLookahead, StepCandidates
 from .request_text import Lookup, RequestText
@@ -172,6 +173,51 @@ class PoolBatch:
         self._loops.lookup_rows(*where, self.config.guess_set_size, found, found_sources, answers)
         return where, found, found_sources, answers
 
+    def draft_rows(
+        self,
+        ints: list[int],
+        floats: list[float],
+        head: tuple[float, ...],
+        logit_tables: np.ndarray,
+        tokens: np.ndarray,
+        xs: np.ndarray,
+        ys: np.ndarray,
+        most: int,
+    ) -> tuple[np.ndarray, ...]:
+        """A batch step's lookups, leads and plan in one compiled call (:func:`.plan_loop.draft_rows`:
+        ``ints`` and ``floats`` its per-request columns, flat; ``head`` its rule's numbers before the
+        batch's own; ``most``: the longest lead asked for).  Returns the lookups' continuations, their
+        sources, per request (``n``, first pool, support, ``t``, ``d``: :meth:`lookups` and
+        :meth:`grow`), the leads' odds, the grown rows, their sources and the plan ``(3, R)``."""
+        R = len(ints) // 9
+        L = self.config.ngram_size - 1
+        context = self.config.lookup_context
+        found = np.zeros((R, self._rows, L), dtype=np.int32)
+        found_sources = np.zeros((R, self._rows), dtype=np.int64)
+        answers = np.zeros((R, 5), dtype=np.int64)
+        odds = np.zeros((R, 2), dtype=np.float64)
+        buf = np.zeros((R, context + most), dtype=np.int64)
+        sources = np.zeros((R, most), dtype=np.int64)
+        plans = np.zeros((3, R), dtype=np.int64)
+        plan_loops().draft_rows(
+            self._tables,
+            np.array(ints, dtype=np.int64).reshape(R, 9),
+            np.array(floats, dtype=np.float64).reshape(R, 6),
+            np.array((*head, self.width, context, self.config.guess_set_size), dtype=np.float64),
+            logit_tables,
+            tokens,
+            xs,
+            ys,
+            found,
+            found_sources,
+            answers,
+            odds,
+            buf,
+            sources,
+            plans,
+        )
+        return found, found_sources, answers, odds, buf, sources, plans
+
     def grow(
         self, where: tuple, found: np.ndarray, found_sources: np.ndarray, lengths: Sequence[int]
     ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
@@ -227,7 +273,7 @@ class PoolBatch:
 def compile_batch(config: LookaheadConfig) -> None:
     """Compile the batch's loops and its list's operations for ``config`` at start-up (numba;
     cached on disk after the first time), on a throwaway request learning and asking through
-    a batch as a step does (the engine's token array: int32)."""
+    a batch as a step does, under the draft rule its drafts too (the engine's token array: int32)."""
     prompt = [*range(3 * config.ngram_size)] * 2
     state = RequestLookahead(config, prompt, seed=0)
     batch = PoolBatch(config)
@@ -237,4 +283,10 @@ def compile_batch(config: LookaheadConfig) -> None:
     end = tokens.shape[1]
     batch.learn([state.text], tokens, [0], [len(prompt)], [end])
     batch.step_candidates([(state, 0, end, int(tokens[0, -1]), config.ngram_size + 1, None, 0.0)], tokens)
+    if config.mode is DraftMode.AUTO:  # the rule's step through the batch (batch_step imports this module)
+        from .batch_step import StepAsk, draft_batch
+        from .step_cost import StepCost
+
+        ask = StepAsk(state, 0, end, int(tokens[0, -1]), config.ngram_size + 1, None)
+        draft_batch(batch, [ask], tokens, 0.0, StepCost.linear(0.01, 1e-4, tree_row=1e-4))
     batch.remove(state.text)

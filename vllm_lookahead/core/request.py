@@ -418,7 +418,8 @@ class RequestLookahead:
         lead_accepted, checked = 0, min(lead, accepted)
         while lead_accepted < checked and lead_tokens[lead_accepted] == accepted_tokens[lead_accepted]:
             lead_accepted += 1
-        columns = sum(1 for node in draft.window_nodes.tolist() if 0 <= node < num_nodes_run)
+        window_nodes = draft.window_nodes
+        columns = sum(1 for node in window_nodes.tolist() if 0 <= node < num_nodes_run) if window_nodes.size else 0
         window_accepted = 0
         if path is not None and draft.window_sourced and len(path):
             sources = draft.sources.tolist()
