@@ -19,6 +19,8 @@ Per request ``r``, the options are:
 :func:`plan_rows` is the same plan for options given one row per request (the batch's, from
 its arrays).  :func:`lead_lengths` is the rule's other compiled loop: how long each of a batch's leads is looked
 up to (:func:`~.draft_rule.own_lead_lengths`, from :class:`~.pool_batch.PoolBatch`).
+:func:`draft_rows` is a batch step's lookups, leads and plan in one call (its pools' loops
+compiled into it: :func:`~.batch_step.draft_batch`).
 
 Compiled by :func:`load` on first use (numba is not imported before; see :mod:`.ngram_table`).
 """
