@@ -76,7 +76,7 @@ def test_the_wheel_holds_the_runtime_only(tmp_path):
         check=True,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     fitted, window, alone = out.stdout.split()
     assert int(fitted) > 0 and window == "7" and alone == "True"

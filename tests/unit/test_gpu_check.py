@@ -31,7 +31,7 @@ def _run(out: Path, *args: str, prelude: str = "") -> subprocess.CompletedProces
     env["CUDA_VISIBLE_DEVICES"] = ""
     argv = ["benchmarks.gpu.check", "--out", str(out), "--cpu-smoke", *args]
     code = BLOCK_IMPORTS + f"sys.argv = {argv!r}; " + prelude + RUN
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
