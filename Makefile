@@ -100,7 +100,8 @@ FAST_TESTS := tests/unit tests/test_kernels_interpreted.py tests/test_repository
 # nice, the rest (the engines) in front.  The engine tests leave about 30 % of a 2-core machine
 # idle (servers starting, single-threaded Python between forwards), which FAST_TESTS fill: on the
 # 2-core CI machine (2026-12-07) the suite takes ~1,150 s instead of ~1,465.  FAST_TESTS' output
-# follows the others'; either half failing fails the run.
+# follows the others'; either half failing fails the run; Ctrl-C stops both (the background half
+# takes SIGINT again, which a shell's background job ignores).
 test: lint install model services
 	@if [ -n "$(strip $(PYTEST_ARGS))" ]; then \
 		rc=0; $(VPY) -m pytest -q $(PYTEST_ARGS) || rc=$$?; \
@@ -108,7 +109,7 @@ test: lint install model services
 		exit $$rc; \
 	fi; \
 	fast_log=$$(mktemp); \
-	nice -n 19 $(VPY) -m pytest -q -p no:cacheprovider $(FAST_TESTS) > $$fast_log 2>&1 & fast=$$!; \
+	(trap - INT; exec nice -n 19 $(VPY) -m pytest -q -p no:cacheprovider $(FAST_TESTS) > $$fast_log 2>&1) & fast=$$!; \
 	rc=0; $(VPY) -m pytest -q $(foreach t,$(FAST_TESTS),--ignore=$(t)) || rc=$$?; \
 	fast_rc=0; wait $$fast || fast_rc=$$?; \
 	echo "== make test: the tests that start no engine ($(FAST_TESTS)), run beside the others =="; \
