@@ -95,15 +95,18 @@ def draft_batch(
     return drafts
 
 
-def _rows(asks: Sequence[StepAsk]) -> tuple[list[int], list[float], int]:
-    """Every ask's numbers as :func:`~.plan_loop.draft_rows` reads them, in two flat lists (its
-    ints' and floats' columns), and the longest lead any ask may grow."""
+def _rows(asks: Sequence[StepAsk]) -> tuple[list[int], np.ndarray, int]:
+    """Every ask's numbers as :func:`~.plan_loop.draft_rows` reads them: its ints' columns (one flat
+    list), its floats' (its records' shifts and rates, read from their table by slot in one
+    gather, then its prices), and the longest lead any ask may grow."""
     ints: list[int] = []
-    floats: list[float] = []
+    prices: list[float] = []
+    slots: list[int] = []
+    tables = set()
     most = 1
     for ask in asks:
         state = ask.state
-        acc = state.acceptance
+        lead = state.acceptance.lead
         window = state.window if ask.window else None
         span = state.config.lead_tokens
         ints += (
@@ -117,14 +120,18 @@ def _rows(asks: Sequence[StepAsk]) -> tuple[list[int], list[float], int]:
             window.filled if window is not None else 0,
             window.window_size if window is not None else 0,
         )
-        floats += (
-            *acc.lead.shifts(),
-            acc.candidate.value,
-            acc.window_column.value,
-            ask.verify_seconds,
-            ask.token_seconds,
-        )
+        prices += (ask.verify_seconds, ask.token_seconds)
+        slots.append(lead.slot)
+        tables.add(lead.rows)
         most = max(most, min(ask.room, span))
+    floats = np.empty((len(asks), 6), dtype=np.float64)
+    if len(tables) == 1:  # an engine's requests: one table
+        floats[:, :4] = tables.pop().gather(slots)
+    else:
+        for r, ask in enumerate(asks):
+            lead = ask.state.acceptance.lead
+            floats[r, :4] = lead.rows.gather([lead.slot])[0]
+    floats[:, 4:] = np.array(prices, dtype=np.float64).reshape(-1, 2)
     return ints, floats, most
 
 

@@ -44,11 +44,22 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from .acceptance_rows import (
+    CANDIDATE,
+    CANDIDATE_RATE,
+    FIRST,
+    NEXT,
+    SHIFT_FIRST,
+    SHIFT_NEXT,
+    WINDOW,
+    WINDOW_RATE,
+    AcceptanceRows,
+)
 from .fitted import FITTED
 from .plan_loop import load as plan_loops
 from .step_cost import StepCost
@@ -61,28 +72,34 @@ PRIOR_WEIGHT = 2.0
 DECAY = 0.9  # weight of the past per observed step
 
 
-@dataclass
 class _Rate:
-    """A decayed ratio ``hits / tries`` starting from a prior."""
+    """A decayed ratio ``hits / tries`` starting from a prior (``PRIORS[name] * PRIOR_WEIGHT`` hits
+    in ``PRIOR_WEIGHT`` tries), read capped (window columns' at 1): one of a request's rates in its
+    :class:`~.acceptance_rows.AcceptanceRows` row."""
 
-    prior: float
-    cap: float = float("inf")  # the rate never reads above this
-    hits: float = 0.0
-    tries: float = 0.0
+    __slots__ = ("_rows", "_slot", "_column", "_read")
 
-    def __post_init__(self) -> None:
-        self.hits, self.tries = self.prior * PRIOR_WEIGHT, PRIOR_WEIGHT
+    def __init__(self, rows: AcceptanceRows, slot: int, column: int, read: int) -> None:
+        self._rows, self._slot, self._column, self._read = rows, slot, column, read
 
     @property
     def value(self) -> float:
-        return min(self.cap, self.hits / self.tries) if self.tries > 0 else self.cap
+        return self._rows.rate(self._slot, self._read)
+
+    @property
+    def hits(self) -> float:
+        self._rows.fresh()
+        return float(self._rows.records[self._slot, self._column])
+
+    @property
+    def tries(self) -> float:
+        self._rows.fresh()
+        return float(self._rows.records[self._slot, self._column + 1])
 
     def add(self, hits: float, tries: float) -> None:
         """One step's outcome.  Hits without tries (window n-grams accepted while the window is
         not running) raise the rate, so a window whose n-grams keep paying off is run again."""
-        if tries > 0 or hits > 0:
-            self.hits = DECAY * self.hits + hits
-            self.tries = DECAY * self.tries + tries
+        self._rows.add_rate(self._slot, self._column, hits, tries)
 
 
 # How likely a lead's tokens are accepted, from where it was found (Fu et al.'s pool gives no such
@@ -108,6 +125,20 @@ LEAD_NEXT_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.LEAD_NEXT_LOGIT"])
 SHARED_FIRST_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.SHARED_FIRST_LOGIT"])
 SHARED_SUPPORT_SLOPE: float = FITTED["draft_rule.SHARED_SUPPORT_SLOPE"]
 SHARED_NEXT_LOGIT: tuple[float, ...] = tuple(FITTED["draft_rule.SHARED_NEXT_LOGIT"])
+# the lead model as the compiled observations read it (acceptance_rows.observe_rows): the four tables'
+# lengths, the tables (own first, own next, shared first, shared next), the two support slopes
+_LOGIT_TABLES = np.array(
+    [
+        *map(len, (LEAD_FIRST_LOGIT, LEAD_NEXT_LOGIT, SHARED_FIRST_LOGIT, SHARED_NEXT_LOGIT)),
+        *LEAD_FIRST_LOGIT,
+        *LEAD_NEXT_LOGIT,
+        *SHARED_FIRST_LOGIT,
+        *SHARED_NEXT_LOGIT,
+        SUPPORT_SLOPE,
+        SHARED_SUPPORT_SLOPE,
+    ],
+    dtype=np.float64,
+)
 
 
 class LeadEvidence(NamedTuple):
@@ -135,48 +166,43 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-@dataclass
 class _Calibration:
     """How far outcomes sit from predictions, on the log-odds scale: ``logit(observed rate) -
     logit(predicted rate)`` over a decayed record, the observed rate pulled towards the
     predicted one by ``prior_weight`` tries' worth of prior (a request's: :data:`PRIOR_WEIGHT`),
     decayed by ``decay`` per observation (a request's: :data:`DECAY`, like the rule's other rates;
-    the pooled record ages per step instead, :meth:`age`)."""
+    the pooled record ages per step instead, :meth:`PooledConfidence.age`).  A read-only view of
+    ``record[at : at + 3]`` = (tries, hits, expected) of a row of an
+    :class:`~.acceptance_rows.AcceptanceRows` (a request's, or a kind's pooled row), its shift in
+    ``reads[read]`` (:func:`~.acceptance_rows.observe_rows` applies observations and works it out)."""
 
-    tries: float = 0.0
-    hits: float = 0.0
-    expected: float = 0.0
-    decay: float = DECAY  # per observation
-    prior_weight: float = PRIOR_WEIGHT
-    _shift: float | None = field(default=None, init=False, repr=False, compare=False)  # shift, until the record changes
+    __slots__ = ("_rows", "_record", "_at", "_read")
+
+    def __init__(self, rows: AcceptanceRows, record: str, at: int, read: tuple[str, int, int]) -> None:
+        self._rows, self._record, self._at, self._read = rows, (record, read[1]), at, read
+
+    def _field(self, k: int) -> float:
+        self._rows.fresh()
+        name, row = self._record
+        return float(getattr(self._rows, name)[row, self._at + k])
+
+    @property
+    def tries(self) -> float:
+        return self._field(0)
+
+    @property
+    def hits(self) -> float:
+        return self._field(1)
+
+    @property
+    def expected(self) -> float:
+        return self._field(2)
 
     @property
     def shift(self) -> float:
-        """Read for every lead a step offers; worked out once per change of the record."""
-        if self._shift is None:
-            self._shift = self._worked_out()
-        return self._shift
-
-    def _worked_out(self) -> float:
-        if self.tries <= 0:
-            return 0.0
-        predicted = self.expected / self.tries
-        observed = (self.hits + self.prior_weight * predicted) / (self.tries + self.prior_weight)
-        return _logit(observed) - _logit(predicted)
-
-    def add(self, tries: int, hits: int, expected: float) -> None:
-        """One observation: the record aged by :attr:`decay`, then ``tries``, ``hits``, ``expected`` added."""
-        d = self.decay
-        self.tries, self.hits, self.expected = (
-            d * self.tries + tries,
-            d * self.hits + hits,
-            d * self.expected + expected,
-        )
-        self._shift = None
-
-    def age(self, decay: float) -> None:
-        self.tries, self.hits, self.expected = decay * self.tries, decay * self.hits, decay * self.expected
-        self._shift = None
+        self._rows.fresh()
+        name, row, column = self._read
+        return float(getattr(self._rows, name)[row, column])
 
 
 # An engine's pooled record (PooledConfidence) ages per step, not per lead, so that it fades back to
@@ -186,7 +212,13 @@ POOLED_DECAY = 0.995  # per proposal step: about the last 200 steps
 POOLED_PRIOR_WEIGHT = 10.0
 
 
-@dataclass
+def acceptance_rows(kinds: int = 0) -> AcceptanceRows:
+    """A table of acceptance records under this rule's priors and lead model, with ``kinds``
+    pooled records (an engine's: one for greedy requests, one for sampled ones)."""
+    constants = (DECAY, PRIOR_WEIGHT, POOLED_PRIOR_WEIGHT, PRIORS["candidate"], PRIORS["window_column"])
+    return AcceptanceRows(kinds, constants, _LOGIT_TABLES)
+
+
 class PooledConfidence:
     """How the leads an engine drafted for its requests of one kind (greedy, or sampled) were
     accepted against what each request's own estimate expected of them (the lead model shifted
@@ -197,32 +229,38 @@ class PooledConfidence:
     not whenever it is the argmax, which a model fitted on greedy replays does not know.  Measured
     at 16 in flight on code, T=0.7, two rounds, before this record: the drafted leads' tokens
     accepted 423 and 420 times where the rule expected 551 and 588; with it 436 and 318 where 539
-    and 356 (docs/bench/2026-11-27-lead-calibration)."""
+    and 356 (docs/bench/2026-11-27-lead-calibration).  Row ``kind`` of ``rows``' pooled records
+    (default: a table of its own); the requests of that kind are rows of the same table."""
 
-    first: _Calibration = field(default_factory=lambda: _Calibration(decay=1.0, prior_weight=POOLED_PRIOR_WEIGHT))
-    next: _Calibration = field(default_factory=lambda: _Calibration(decay=1.0, prior_weight=POOLED_PRIOR_WEIGHT))
+    def __init__(self, rows: AcceptanceRows | None = None, kind: int = 0) -> None:
+        self.rows = rows if rows is not None else acceptance_rows(1)
+        self.kind = kind
+        self.first = _Calibration(self.rows, "pooled", FIRST, ("pooled_reads", kind, 0))
+        self.next = _Calibration(self.rows, "pooled", NEXT, ("pooled_reads", kind, 1))
 
     def age(self) -> None:
         """One proposal step has passed (:data:`POOLED_DECAY`)."""
-        self.first.age(POOLED_DECAY)
-        self.next.age(POOLED_DECAY)
+        self.rows.age(self.kind, POOLED_DECAY)
 
 
-@dataclass
 class LeadConfidence:
     """Acceptance of a request's lead tokens: the logistic model of the lead's own evidence
     above (the context it was found after, its first token's support), shifted by how far the
     request's outcomes have been from it (:class:`_Calibration`), once for first tokens and
     once for next ones.  A request whose leads keep missing (novel text) is trusted less
     however good the evidence looks; one that keeps hitting weak-looking leads (it repeats
-    itself) is trusted more."""
+    itself) is trusted more.  Its records are a row of ``pooled``'s table (``pooled``: the
+    engine's drafted leads of the same kind, a further shift; None: none, a table of its own)."""
 
-    first_record: _Calibration = field(default_factory=_Calibration)
-    next_record: _Calibration = field(default_factory=_Calibration)
-    pooled: PooledConfidence | None = None  # the engine's drafted leads of the same kind (None: no pooled shift)
+    def __init__(self, pooled: PooledConfidence | None = None) -> None:
+        self.pooled = pooled
+        self.rows = rows = pooled.rows if pooled is not None else acceptance_rows()
+        self.slot = slot = rows.add(pooled.kind if pooled is not None else -1, self)
+        self.first_record = _Calibration(rows, "records", FIRST, ("reads", slot, SHIFT_FIRST))
+        self.next_record = _Calibration(rows, "records", NEXT, ("reads", slot, SHIFT_NEXT))
 
     # the fitted model's log-odds of a piece of evidence (a few hundred distinct ones; asked for
-    # every lead offered and every lead observed)
+    # every lead offered)
     @staticmethod
     @functools.lru_cache(maxsize=4096)
     def _first_logit(e: LeadEvidence) -> float:
@@ -251,11 +289,7 @@ class LeadConfidence:
 
     def shifts(self) -> tuple[float, float]:
         """The log-odds shifts of first and next tokens: the request's record's plus the pooled one's."""
-        first, next_shift = self.first_record.shift, self.next_record.shift
-        if self.pooled is not None:
-            first += self.pooled.first.shift
-            next_shift += self.pooled.next.shift
-        return first, next_shift
+        return self.rows.shifts(self.slot)
 
     def gains(self, e: LeadEvidence, length: int, odds: tuple[float, float] | None = None) -> tuple[float, ...]:
         """``P(the first i lead tokens are all accepted)`` for i = 1..``length``: what each lead
@@ -282,28 +316,23 @@ class LeadConfidence:
     def observe(self, e: LeadEvidence, tried: int, accepted: int, drafted: bool = True) -> None:
         """``tried`` lead tokens drafted (or checked), the first ``accepted`` of them accepted;
         ``drafted``: the lead was drafted (not only its first token checked against the emitted
-        one), so the pooled record takes it too, against the request's own estimate of it."""
-        if tried <= 0:
-            return
-        nexts = min(tried - 1, accepted)  # tokens 2.. tried: up to the first miss
-        first = self._first_logit(e)
-        following = self._next_logit(e) if nexts > 0 else 0.0
-        if drafted and self.pooled is not None:  # against the request's own estimate (the pooled shift left out)
-            self.pooled.first.add(1, int(accepted > 0), _sigmoid(first + self.first_record.shift))
-            if nexts > 0:
-                self.pooled.next.add(nexts, accepted - 1, nexts * _sigmoid(following + self.next_record.shift))
-        self.first_record.add(1, int(accepted > 0), _sigmoid(first))
-        if nexts > 0:
-            self.next_record.add(nexts, accepted - 1, nexts * _sigmoid(following))
+        one), so the pooled record takes it too, against the request's own estimate of it
+        (:func:`~.acceptance_rows.observe_rows`: the records' arithmetic)."""
+        self.rows.observe(self.slot, tried, accepted, 0, 0, 0, 0, e.context, e.support, e.shared, drafted)
 
 
-@dataclass
 class Acceptance:
-    """One request's acceptance history, as the rule needs it."""
+    """One request's acceptance history, as the rule needs it: its lead's records
+    (:class:`LeadConfidence`) and its further candidates' and window columns' rates, one row of
+    an :class:`~.acceptance_rows.AcceptanceRows`."""
 
-    lead: LeadConfidence = field(default_factory=LeadConfidence)
-    candidate: _Rate = field(default_factory=lambda: _Rate(PRIORS["candidate"]))
-    window_column: _Rate = field(default_factory=lambda: _Rate(PRIORS["window_column"], cap=1.0))
+    __slots__ = ("lead", "candidate", "window_column", "_observe")
+
+    def __init__(self, lead: LeadConfidence | None = None) -> None:
+        self.lead = lead = lead if lead is not None else LeadConfidence()
+        self.candidate = _Rate(lead.rows, lead.slot, CANDIDATE, CANDIDATE_RATE)
+        self.window_column = _Rate(lead.rows, lead.slot, WINDOW, WINDOW_RATE)
+        self._observe = functools.partial(lead.rows.observe, lead.slot)
 
     def observe(
         self,
@@ -321,11 +350,23 @@ class Acceptance:
         ``lead_accepted`` accepted; ``candidates`` further candidates; ``accepted`` draft tokens in
         all; ``window_columns`` columns run; ``window_accepted`` accepted tokens that came from
         window-only n-grams (drafted from the window's earlier steps); ``lead_drafted``: some of the
-        lead was drafted (else only its first token was checked against the emitted one)."""
-        self.lead.observe(evidence, lead, lead_accepted, drafted=lead_drafted)
-        if candidates > 0:
-            self.candidate.add(max(0, accepted - lead_accepted), candidates)
-        self.window_column.add(window_accepted, window_columns)
+        lead was drafted (else only its first token was checked against the emitted one).  The
+        lead's records take it as :meth:`LeadConfidence.observe`, a further candidate's rate
+        ``max(0, accepted - lead_accepted)`` hits in ``candidates`` tries (where there were some),
+        the window's rate ``window_accepted`` in ``window_columns``; applied with the table's
+        other pending observations at its next read (:mod:`.acceptance_rows`)."""
+        self._observe(
+            lead,
+            lead_accepted,
+            candidates,
+            accepted,
+            window_columns,
+            window_accepted,
+            evidence.context,
+            evidence.support,
+            evidence.shared,
+            lead_drafted,
+        )
 
 
 _OWN_TABLES = (np.array(LEAD_FIRST_LOGIT), np.array(LEAD_NEXT_LOGIT))  # the compiled lead_lengths' tables
@@ -534,8 +575,8 @@ def plan_step(
 
 def compile_plan() -> None:
     """Compile the rule's loops (numba; cached on disk after the first time) -- :func:`plan_step`'s,
-    the batch's (:func:`.plan_loop.plan_rows`), the leads' lengths -- at start-up, not in the first
-    step that drafts."""
+    the batch's (:func:`.plan_loop.plan_rows`), the leads' lengths, the acceptance records'
+    (:mod:`.acceptance_rows`) -- at start-up, not in the first step that drafts."""
     option = DraftOptions((0.9, 0.5), (2,), 0.1, (0, 3), 0.1, fixed_seconds=1e-4, token_seconds=1e-5)
     cost = StepCost.linear(0.01, 1e-4, tree_row=1e-4)
     plan_step([option, None], cost)
@@ -544,3 +585,8 @@ def compile_plan() -> None:
     rows = np.array([[2, 1, 4, 2, 3]], dtype=np.int64), np.array([[0.9, 0.5, 0.1, 0.1, 1e-4, 1e-5]])
     plan_loops().plan_rows(*rows, np.array([1.0, *terms]), xs, ys, out)
     own_lead_lengths([LeadConfidence()], [1], [1], [4], [0.05], [8])
+    pooled = PooledConfidence()  # the acceptance records' loops: an observation applied, a step's ageing
+    acc = Acceptance(LeadConfidence(pooled))
+    acc.observe(lead=2, lead_accepted=1, candidates=1, accepted=1, window_columns=1, window_accepted=0)
+    pooled.age()
+    acc.candidate.add(1, 1)

@@ -176,7 +176,7 @@ class PoolBatch:
     def draft_rows(
         self,
         ints: list[int],
-        floats: list[float],
+        floats: np.ndarray,
         head: tuple[float, ...],
         logit_tables: np.ndarray,
         tokens: np.ndarray,
@@ -185,8 +185,9 @@ class PoolBatch:
         most: int,
     ) -> tuple[np.ndarray, ...]:
         """A batch step's lookups, leads and plan in one compiled call (:func:`.plan_loop.draft_rows`:
-        ``ints`` and ``floats`` its per-request columns, flat; ``head`` its rule's numbers before the
-        batch's own; ``most``: the longest lead asked for).  Returns the lookups' continuations, their
+        ``ints`` its per-request integer columns, flat, ``floats`` its float ones ``(R, 6)``; ``head``
+        its rule's numbers before the batch's own; ``most``: the longest lead asked for).  Returns
+        the lookups' continuations, their
         sources, per request (``n``, first pool, support, ``t``, ``d``: :meth:`lookups` and
         :meth:`grow`), the leads' odds, the grown rows, their sources and the plan ``(3, R)``."""
         R = len(ints) // 9
@@ -202,7 +203,7 @@ class PoolBatch:
         plan_loops().draft_rows(
             self._tables,
             np.array(ints, dtype=np.int64).reshape(R, 9),
-            np.array(floats, dtype=np.float64).reshape(R, 6),
+            floats,
             np.array((*head, self.width, context, self.config.guess_set_size), dtype=np.float64),
             logit_tables,
             tokens,

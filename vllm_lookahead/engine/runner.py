@@ -38,7 +38,7 @@ import copy
 import functools
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ import torch
 from vllm_lookahead.config import DraftMode, LookaheadConfig
 from vllm_lookahead.core import RequestLookahead, StepDraft, drafting
 from vllm_lookahead.core.batch_step import StepAsk, draft_batch
-from vllm_lookahead.core.draft_rule import PooledConfidence, compile_plan, lead_floor
+from vllm_lookahead.core.draft_rule import PooledConfidence, acceptance_rows, compile_plan, lead_floor
 from vllm_lookahead.core.drafting import DraftRequest
 from vllm_lookahead.core.pool import SharedPools
 from vllm_lookahead.core.pool_batch import PoolBatch
@@ -86,21 +86,6 @@ def _new_state(
     )
 
 
-class _Ask(NamedTuple):
-    """A request's part of a proposal before its candidates: what it asks of its pools."""
-
-    i: int  # its row in the input batch (and the token array)
-    req_id: str
-    state: RequestLookahead
-    sp: Any  # its sampling parameters
-    room: int  # draft nodes it may carry
-    thinking: ThinkingLimit | None
-    root: int  # its last token
-    history: np.ndarray  # its tokens so far
-    max_candidates: int | None  # 1 for structured output: a chain, the lead alone (vLLM masks chain positions only)
-    greedy: bool
-
-
 class RunnerLookahead:
     """Lookahead's per-worker state and its step hooks (see the module docstring)."""
 
@@ -121,8 +106,10 @@ class RunnerLookahead:
         self.shared = SharedPools.for_config(cfg) if cfg.shared_pool else None
         # the live requests' pools, learnt into and asked in one compiled call per phase of a step
         self.pools = PoolBatch(cfg)
-        # how greedy / sampled requests' drafted leads fared against their estimates (a shift for each kind)
-        self.pooled = {True: PooledConfidence(), False: PooledConfidence()}
+        # every request's acceptance records, rows of one table (core/acceptance_rows.py), with how
+        # greedy / sampled requests' drafted leads fared against their estimates (a shift for each kind)
+        self.acceptance = acceptance_rows(kinds=2)
+        self.pooled = {True: PooledConfidence(self.acceptance, 0), False: PooledConfidence(self.acceptance, 1)}
         self.batch: TreeBatch | None = None
         self.kv: PagedKV | None = None
         self.stats = LookaheadStats()
@@ -296,19 +283,24 @@ class RunnerLookahead:
                     self.report.undrafted[req_id] = Undrafted.BATCH_FULL.label
                 continue
             observed.append((i, req_id, state, new_tokens, history))
+        self.acceptance.fresh()  # the step's observations of every request's records, in one call
         if learning:
             self._learn(learning, token_ids_cpu)
-        asks = []
+        asks: list[StepAsk] = []
+        thinking: list[ThinkingLimit | None] = []  # each ask's thinking-budget limit
+        prices = {greedy: self._prices(greedy) for greedy in (True, False)} if observed else {}
         for i, req_id, state, new_tokens, history in observed:
-            ask = self._ask(i, req_id, state, new_tokens, history, budget)
+            ask = self._ask(i, req_id, state, new_tokens, history, budget, prices)
             if isinstance(ask, Undrafted):
                 self.report.undrafted[req_id] = ask.label
             else:
-                asks.append(ask)
-        for ask, draft in zip(asks, self._drafts(asks, token_ids_cpu, floor, batch, rule, decoding)):
-            drafts[ask.i] = self._emit(ask.req_id, draft, ask.room, ask.thinking)
+                asks.append(ask[0])
+                thinking.append(ask[1])
+        for ask, limit, draft in zip(asks, thinking, self._drafts(asks, token_ids_cpu, floor, batch, rule, decoding)):
+            req_id = req_ids[ask.row]
+            drafts[ask.row] = self._emit(req_id, draft, ask.room, limit)
             if rule:
-                self.live.offered(ask.req_id, bool(drafts[ask.i]), max_rest)
+                self.live.offered(req_id, bool(drafts[ask.row]), max_rest)
         seconds = time.perf_counter() - t0
         if rule and can_draft:
             self.timing.proposed_for(seconds, len(asks))
@@ -390,9 +382,13 @@ class RunnerLookahead:
         new_tokens: list[int],
         history: np.ndarray,
         budget: int | None,
-    ) -> _Ask | Undrafted:
-        """What the request asks of its pools this step (its room, its root and recent text), or
-        the reason it drafts nothing."""
+        prices: dict[bool, tuple[float, float]],
+    ) -> tuple[StepAsk, ThinkingLimit | None] | Undrafted:
+        """What the request asks of its pools this step (its room, its root and recent text; its
+        kind's host prices, :meth:`_prices`) and its thinking-budget limit, or the reason it
+        drafts nothing.  Random sampling tries a node's children in turn, so candidates sharing a
+        prefix are merged into one trie (a duplicate child could never be accepted); greedy keeps
+        the config's."""
         req_state = self.runner.requests[req_id]
         room, thinking, reason = self._room(i, req_state, new_tokens, history, budget)
         if room <= 0:
@@ -400,39 +396,24 @@ class RunnerLookahead:
         sp = req_state.sampling_params
         limit = 1 if eligibility.chain_only(sp) else None
         root = int(new_tokens[-1])
-        return _Ask(i, req_id, state, sp, room, thinking, root, history, limit, eligibility.is_greedy(sp))
+        greedy = eligibility.is_greedy(sp)
+        merge = None if greedy else True
+        return StepAsk(state, i, len(history), root, room, limit, limit is None, merge, *prices[greedy]), thinking
 
     def _drafts(
-        self, asks: list[_Ask], tokens: np.ndarray, floor: float, batch: bool, rule: bool, decoding: int
+        self, asks: list[StepAsk], tokens: np.ndarray, floor: float, batch: bool, rule: bool, decoding: int
     ) -> list[StepDraft]:
         """Each ask's draft: under the draft rule, where the step goes through the batch and every
         ask's pools are in :attr:`pools`, from the batch's arrays (:func:`.draft_batch`); else from
         each ask's candidates (:meth:`_candidates`, :func:`~vllm_lookahead.core.drafting.draft_step`)."""
         if not asks:
             return []
-        prices = {greedy: self._prices(greedy) for greedy in (True, False)}
-        # Random sampling tries a node's children in turn, so candidates sharing a prefix are
-        # merged into one trie (a duplicate child could never be accepted); greedy keeps the config's.
-        step = [
-            StepAsk(
-                ask.state,
-                ask.i,
-                len(ask.history),
-                ask.root,
-                ask.room,
-                ask.max_candidates,
-                ask.max_candidates is None,
-                None if ask.greedy else True,
-                *prices[ask.greedy],
-            )
-            for ask in asks
-        ]
         cost = self.timing.model() if rule else None
         if cost is not None and batch and all(ask.state.text.batch_at is not None for ask in asks):
-            return draft_batch(self.pools, step, tokens, floor, cost, base_tokens=decoding)
+            return draft_batch(self.pools, asks, tokens, floor, cost, base_tokens=decoding)
         requests = [
             DraftRequest(a.state, c, a.room, a.window, a.merge, a.verify_seconds, a.token_seconds)
-            for a, c in zip(step, self._candidates(step, tokens, floor, batch))
+            for a, c in zip(asks, self._candidates(asks, tokens, floor, batch))
         ]
         return drafting.draft_step(requests, cost, base_tokens=decoding)
 
