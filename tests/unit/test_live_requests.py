@@ -161,3 +161,34 @@ def test_a_new_request_rests_longer_at_once_where_the_engines_offers_hardly_draf
         idle.offered(f"x{i}", drafted=False, max_rest=128)
     assert idle.draft_yield < 0.02 and first_rest(idle, "new") == 32
     assert [first_rest_shift(y) for y in (1.0, 0.1, 0.05, 0.02, 0.01, 0.0)] == [4, 4, 3, 3, 2, 2]
+
+
+def test_where_hardly_any_offer_drafts_new_requests_start_resting_spread_over_the_first_rest():
+    """A wave of arrivals proposes spread over its first rest where the engine's offers hardly
+    draft, and from its first decode step where they do; a request already known is left alone."""
+
+    def first_proposals(live: LiveRequests, wave: list[str], max_rest: int) -> list[int]:
+        for req_id in wave:
+            live.arrive(req_id, max_rest)
+        proposed_at = {}
+        for step in range(2 * max_rest + 1):
+            for i in live.proposing(wave, [[1]] * len(wave)):
+                proposed_at.setdefault(wave[i], step)
+        return [proposed_at[r] for r in wave]
+
+    idle = LiveRequests()
+    for i in range(500):
+        idle.offered(f"x{i}", drafted=False, max_rest=128)
+    idle.forget(f"x{i}" for i in range(500))
+    wave = [f"new{i}" for i in range(64)]
+    at = first_proposals(idle, wave, max_rest=128)
+    assert min(at) >= 16 and max(at) == 32 and len(set(at)) >= 14  # a fourth of 128, cut by up to half
+    assert max(at.count(s) for s in set(at)) <= 8
+    busy = LiveRequests()
+    for i in range(300):
+        busy.offered(f"x{i}", drafted=i % 3 == 0, max_rest=128)
+    assert first_proposals(busy, wave, max_rest=128) == [0] * len(wave)
+    assert first_proposals(LiveRequests(), ["a"], max_rest=0) == [0]  # no rests: nothing measured, batch 1
+    idle.add_state("known", _state("known"))
+    idle.arrive("known", 128)
+    assert idle.proposing(["known"], [[1]]) == [0]

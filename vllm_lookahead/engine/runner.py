@@ -101,6 +101,7 @@ class RunnerLookahead:
         self.live = LiveRequests()  # per request: window + pools, its pending tree, that tree's outcome
         self.builds = StateBuilds()  # new requests' states, built while their prompts' forward runs
         self._drafting = False  # whether the last proposal could draft (new requests' states start early)
+        self._max_rest = 0  # the longest rest at the last proposal's batch size (new requests' first rest)
         cfg = self.config
         # every request's output n-grams, for the others (opt-in)
         self.shared = SharedPools.for_config(cfg) if cfg.shared_pool else None
@@ -160,10 +161,12 @@ class RunnerLookahead:
         preempted = getattr(scheduler_output, "preempted_req_ids", None) or set()
         resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
         self.on_preempted(set(preempted) | set(resumed))
-        if self._drafting:  # while the engine drafts, a new request's state is built beside its prefill
-            for new in scheduler_output.scheduled_new_reqs:
-                if new.sampling_params is not None:
-                    self.builds.start(new.req_id, self._state_build(new.prompt_token_ids, new.sampling_params))
+        for new in scheduler_output.scheduled_new_reqs:
+            # where hardly any offer drafts, a new request starts resting (LiveRequests.arrive)
+            self.live.arrive(new.req_id, self._max_rest)
+            if self._drafting and new.sampling_params is not None:
+                # while the engine drafts, a new request's state is built beside its prefill
+                self.builds.start(new.req_id, self._state_build(new.prompt_token_ids, new.sampling_params))
 
     def on_prepare_inputs(self, scheduler_output: Any, result: tuple) -> tuple:
         """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
@@ -261,7 +264,7 @@ class RunnerLookahead:
         floor = lead_floor(self.timing.model(), decoding, self.config.lead_tokens) if rule and can_draft else 0.0
         for pooled in self.pooled.values():
             pooled.age()
-        max_rest = self.timing.request_rest(decoding) if rule and can_draft else 0
+        max_rest = self._max_rest = self.timing.request_rest(decoding) if rule and can_draft else 0
         req_ids = self.runner.input_batch.req_ids
         drafts: list[list[int]] = [[] for _ in req_ids]
         # Every request observes its step first, then those that draft ask for candidates: what

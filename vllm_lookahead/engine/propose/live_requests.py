@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 COUNT_EVERY = 16  # steps between two counts of the pools that learnt (the gauge lags by at most this)
 _GOLDEN = 0.6180339887498949  # the golden ratio's fraction: its multiples mod 1 spread evenly
 YIELD_DECAY = 0.99  # per offer: the engine's draft yield remembers about its last 100 offers
+LOW_YIELD = 0.02  # a draft yield below this: hardly any offer drafts (a batch too full for drafts to pay)
 
 
 def first_rest_shift(draft_yield: float) -> int:
@@ -45,7 +46,7 @@ def first_rest_shift(draft_yield: float) -> int:
     between.  A proposal that finds nothing worth drafting costs the same whatever the batch, and
     where the batch is too full for drafts to pay, a new request's way up to its longest rest was
     most of the host work (256 short: ~2 new requests a step, each proposing some 7 times)."""
-    return 2 if draft_yield < 0.02 else 3 if draft_yield < 0.1 else 4
+    return 2 if draft_yield < LOW_YIELD else 3 if draft_yield < 0.1 else 4
 
 
 @dataclass
@@ -163,6 +164,23 @@ class LiveRequests:
         self.draft_yield = YIELD_DECAY * self.draft_yield + (1.0 - YIELD_DECAY) * drafted
         record = self._record(req_id)
         record.idle = 0 if drafted else record.idle + 1
+        self._rest(record, max_rest)
+
+    def arrive(self, req_id: str, max_rest: int) -> None:
+        """A request scheduled for the first time.  Where the engine's offers hardly draft lately
+        (:attr:`draft_yield` below :data:`LOW_YIELD`: a batch too full for drafts to pay) it starts
+        as an idle request at its first rest, cut by its phase, rather than proposing for nothing on
+        its first two decode steps: a burst of arrivals (a wave of requests replacing a wave that
+        finished) then proposes spread over that rest, not all on the steps after its prefill.
+        Elsewhere it proposes from its first decode step.  ``max_rest``: the longest rest at the
+        last proposal's batch size (:meth:`offered`)."""
+        if max_rest > 0 and self.draft_yield < LOW_YIELD and req_id not in self._records:
+            record = self._record(req_id)
+            record.idle = 2
+            self._rest(record, max_rest)
+
+    def _rest(self, record: LiveRequest, max_rest: int) -> None:
+        """The record's rest after an offer, from its idleness (:meth:`offered`)."""
         first = max(1, max_rest >> first_rest_shift(self.draft_yield))
         rest = min(max_rest, first << (record.idle - 2)) if record.idle >= 2 else 0
         record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
