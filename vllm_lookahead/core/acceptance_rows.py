@@ -6,9 +6,10 @@ step changes them.  As Python objects that is a dozen calls per request and step
 ``add``, the lead model's logits and sigmoids, the shifts worked out again), ~6 us each on a
 2-core CPU: at 32 in flight about a tenth of a proposal's host work.  Here a request's records are
 one row of :class:`AcceptanceRows` (its slot, held while its :class:`~.draft_rule.LeadConfidence`
-lives): an observation is appended to the table's pending rows
-(:meth:`AcceptanceRows.observe`), and the first read after it applies every pending one in one
-compiled call (:func:`observe_rows`), which also works out what the rule reads -- per row its own
+lives): an observation -- and a pooled record's ageing, a step at a time -- is appended to the
+table's pending rows (:meth:`AcceptanceRows.observe`, :meth:`AcceptanceRows.age`), and the first
+read after it applies every pending one in one compiled call (:func:`observe_rows`), which also
+works out what the rule reads -- per row its own
 shifts and rates (:attr:`AcceptanceRows.reads`), per kind the pooled shifts
 (:attr:`AcceptanceRows.pooled_reads`).  A batch step reads them for all its requests at once by
 slot (:meth:`AcceptanceRows.gather`).  The arithmetic is the same, in the same order, as the
@@ -50,6 +51,7 @@ SHIFT_FIRST, SHIFT_NEXT, CANDIDATE_RATE, WINDOW_RATE = range(4)
     11
 )
 OBSERVATION = 11
+_AGE_PADDING = (0.0,) * (OBSERVATION - 2)  # an ageing row: slot -1 - kind, decay, nothing else
 
 
 class AcceptanceRows:
@@ -156,10 +158,10 @@ class AcceptanceRows:
         return out
 
     def age(self, kind: int, decay: float) -> None:
-        """One proposal step has passed for ``kind``'s pooled record (both calibrations aged)."""
-        self.fresh()
-        with self._lock:
-            load().age_pooled(self.pooled, self.pooled_reads, kind, decay, self._constants)
+        """One proposal step has passed for ``kind``'s pooled record (both calibrations aged by
+        ``decay``): a pending row of its own (slot ``-1 - kind``, the decay after it), applied in
+        order with the observations."""
+        self._pending += (-1 - kind, decay, *_AGE_PADDING)
 
     def add_rate(self, slot: int, column: int, hits: float, tries: float) -> None:
         """One step's outcome of ``slot``'s rate at ``column`` (:data:`CANDIDATE` or :data:`WINDOW`),
@@ -210,7 +212,8 @@ def _by_context(table, context):
 
 
 def observe_rows(records, reads, kinds, pooled, pooled_reads, rows, constants, tables):
-    """Every pending observation, in order (:meth:`.draft_rule.Acceptance.observe` of each):
+    """Every pending observation, in order (:meth:`.draft_rule.Acceptance.observe` of each; a row
+    of slot ``-1 - kind``: that kind's pooled record aged by ``row[1]``):
     ``tables`` = (lengths of the four logit tables, then own first, own next, shared first,
     shared next, own support slope, shared support slope)."""
     decay, weight, pooled_weight = constants[0], constants[1], constants[2]
@@ -222,6 +225,13 @@ def observe_rows(records, reads, kinds, pooled, pooled_reads, rows, constants, t
     for k in range(rows.shape[0]):
         row = rows[k]
         s = int(row[SLOT])
+        if s < 0:  # a kind's pooled record ages one step (PooledConfidence.age)
+            kind = -1 - s
+            for at in range(6):
+                pooled[kind, at] = row[1] * pooled[kind, at]
+            pooled_reads[kind, 0] = _shift(pooled[kind], FIRST, pooled_weight)
+            pooled_reads[kind, 1] = _shift(pooled[kind], NEXT, pooled_weight)
+            continue
         record, read = records[s], reads[s]
         tried, accepted = int(row[LEAD]), int(row[LEAD_ACCEPTED])
         if tried > 0:  # LeadConfidence.observe
@@ -250,14 +260,6 @@ def observe_rows(records, reads, kinds, pooled, pooled_reads, rows, constants, t
         _rate(record, read, WINDOW, WINDOW_RATE, decay, row[COLUMNS_ACCEPTED], row[COLUMNS], 1.0)
 
 
-def age_pooled(pooled, pooled_reads, kind, decay, constants):
-    """:meth:`.draft_rule.PooledConfidence.age` of ``kind``'s record."""
-    for at in range(6):
-        pooled[kind, at] = decay * pooled[kind, at]
-    pooled_reads[kind, 0] = _shift(pooled[kind], FIRST, constants[2])
-    pooled_reads[kind, 1] = _shift(pooled[kind], NEXT, constants[2])
-
-
 def add_rate(records, reads, slot, column, hits, tries, constants):
     """:meth:`.draft_rule._Rate.add` of ``slot``'s rate at ``column``."""
     cap = np.inf if column == CANDIDATE else 1.0
@@ -266,7 +268,7 @@ def add_rate(records, reads, slot, column, hits, tries, constants):
 
 
 _INLINED = ("_sigmoid", "_logit", "_shift", "_calibrate", "_rate", "_by_context")
-LOOPS = ("observe_rows", "age_pooled", "add_rate")
+LOOPS = ("observe_rows", "add_rate")
 loops = SimpleNamespace()
 _loading = threading.Lock()
 
