@@ -24,9 +24,10 @@ next tokens' calibration, pooled over the requests of that kind; its last row, a
 :attr:`~AcceptanceRows.pooled_reads`' last row, stay zero -- the kind of a request with no pooled
 record is -1, which indexes them.
 
-A request's state may be built on a worker thread beside the engine's
-(:mod:`vllm_lookahead.engine.propose.state_builds`): slots are handed out under a lock, which also
-covers every change of the arrays' size and every application of the pending rows.  A slot freed
+Observations and reads are the engine thread's, but a request's state may be built on a worker
+thread beside it (:mod:`vllm_lookahead.engine.propose.state_builds`): slots are handed out under a
+lock, which also covers every change of the arrays' size and every application of the pending
+rows.  A slot freed
 (its record collected) is handed out again only after the next application, so that no pending
 observation of its last holder reaches its next one.
 """
@@ -85,12 +86,12 @@ class AcceptanceRows:
             if not self._free:
                 self._grow(2 * len(self))
             slot = self._free.pop()
-            _, _, _, candidate, window = self._constants.tolist()
-            weight = float(self._constants[1])
+            _, weight, _, candidate, window = self._constants.tolist()
+            hits = (candidate * weight, window * weight)  # each rate's prior: its value in `weight` tries
             self.records[slot] = 0.0
-            self.records[slot, CANDIDATE : CANDIDATE + 2] = (candidate * weight, weight)
-            self.records[slot, WINDOW : WINDOW + 2] = (window * weight, weight)
-            self.reads[slot] = (0.0, 0.0, candidate * weight / weight, min(1.0, window * weight / weight))
+            self.records[slot, CANDIDATE : CANDIDATE + 2] = (hits[0], weight)
+            self.records[slot, WINDOW : WINDOW + 2] = (hits[1], weight)
+            self.reads[slot] = (0.0, 0.0, hits[0] / weight, min(1.0, hits[1] / weight))  # _rate's reading
             self.kinds[slot] = kind
         weakref.finalize(owner, self._freed.append, slot)
         return slot
