@@ -161,11 +161,6 @@ def _by_context(table: tuple[float, ...], context: int) -> float:
     return table[min(max(context, 1), len(table)) - 1]
 
 
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
-
-
 class _Calibration:
     """How far outcomes sit from predictions, on the log-odds scale: ``logit(observed rate) -
     logit(predicted rate)`` over a decayed record, the observed rate pulled towards the
