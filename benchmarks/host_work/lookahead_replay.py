@@ -6,7 +6,8 @@ ends is replaced by the next stream, whose prompt is computed in chunks within v
 :mod:`.served`):
 
 ``update``     :meth:`~RunnerLookahead.on_update_states` (finished requests forgotten, new
-               requests' states started on the worker thread)
+               requests' states queued for the worker thread, which gets them and the finished
+               ones' to release once the forward is launched, as on a GPU server)
 ``tree batch`` :meth:`~RunnerLookahead.on_prepare_inputs`: the step's trees laid out, RoPE
                positions rewritten, logits rows chosen
 ``attention``  the tree-attention metadata the step's first attention layer builds on a GPU
@@ -195,6 +196,7 @@ class LookaheadReplay:
         )
         state = RunnerLookahead.of(self.runner)
         assert state is not None
+        state.hand_over_at_sample = True  # a GPU server's order: the worker's share once the forward is launched
         self.state = state
         self.kv = state.kv = _KV()
         state.timing.cost = cost  # the GPU's forward; the replay runs none, so nothing refines it
@@ -285,6 +287,10 @@ class LookaheadReplay:
         if batch is not None and batch.needs_tree_attention:
             kernel_plan(batch, HEADS, KV_HEADS, HEAD_SIZE, torch.bfloat16)
         lap("attention", t)
+        # the forward is launched: the engine's sample hook hands the worker its share (timed with verify)
+        t = now()
+        state.builds.hand_over()
+        handed_over = time.perf_counter() - t[0]
         if self.forward is not None:
             self._wait_forward(total, batch, times)
         else:
@@ -307,6 +313,7 @@ class LookaheadReplay:
             outputs = verified.outputs
             state.report.verify_seconds += time.perf_counter() - t[0]
         lap("verify", t)
+        clock["verify"] += handed_over
 
         # a prompt whose last chunk did not run emits nothing (vLLM discards its sample)
         outputs = [o if s.emits else [] for s, o in zip(slots, outputs)]
@@ -342,15 +349,15 @@ class LookaheadReplay:
             times.stall.append(time.perf_counter() - t - seconds)
 
     def _builds_in_forward(self) -> None:
-        """The new requests' states this step started (:class:`~vllm_lookahead.engine.propose.
-        state_builds.StateBuilds`), built where the forward goes and not timed: in the engine the
-        worker thread builds them while the forward runs, with the interpreter released (a short
+        """The worker's share of this step's turnover (:class:`~vllm_lookahead.engine.propose.
+        state_builds.StateBuilds`: new requests' states built, finished ones' released), done where
+        the forward goes and not timed: in the engine the worker thread does it while the forward
+        runs, with the interpreter released (a short
         prompt's in ~0.1 ms, an 8k-token one's in ~3 ms, against a forward of 8-11 ms or more on a
         GPU; ``device_time`` sleeps through the forward instead and reports any stall past it).
         Back to back, the worker would rarely get the interpreter before the first proposal, which
         would then build the state itself, or hold it in the middle of another phase."""
-        for future in list(getattr(self.state.builds, "_pending", {}).values()):
-            future.result()
+        self.state.builds.settle()
 
     def _now(self) -> tuple[float, float]:
         """The time, and the garbage collector's seconds so far."""

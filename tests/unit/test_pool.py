@@ -359,6 +359,14 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "RequestText(LookaheadConfig(), list(range(3000))).catch_up(list(range(3010)))\n"  # a long prompt
         "from vllm_lookahead.core.pool_batch import compile_batch\n"
         "compile_batch(LookaheadConfig())\n"  # a batch's step, as the engine's
+        "import numpy as np\n"
+        "from vllm_lookahead.core.pool_batch import PoolBatch\n"
+        "from vllm_lookahead.core.request import RequestLookahead\n"
+        "batch, grown = PoolBatch(LookaheadConfig()), RequestLookahead(LookaheadConfig(), [1, 2, 3], seed=0)\n"
+        "batch.add(grown.text)\n"
+        "batch.learn([grown.text], (np.arange(9000, dtype=np.int32) % 7919)[None], [0], [3], [9000])\n"  # pools grow
+        "assert grown.text.pool_ngrams > 8000\n"
+        "batch.remove(grown.text)\n"
         "assert compiled == {name: len(getattr(t, name).signatures) for name in t.LOOPS}\n"
         "from vllm_lookahead.core import plan_loop as p\n"
         "from vllm_lookahead.core.draft_rule import DraftOptions, compile_plan, plan_step\n"

@@ -71,6 +71,13 @@ def test_under_the_rule_a_batch_too_full_to_draft_skips_learning():
     _bind(p, prompts)
     assert _step(p, [prompts["a"] + [7], prompts["b"] + [7]]) == [[], []]
     assert len(p.owner.live) == 0
+    # each request's reason goes to the scheduler once, not every step it stays the same
+    assert p.owner.take_report()["undrafted"] == {"a": "batch_full", "b": "batch_full"}
+    assert _step(p, [prompts["a"] + [7, 8], prompts["b"] + [7, 8]]) == [[], []]
+    assert p.owner.take_report()["undrafted"] == {}
+    p.owner.forget(["b"])  # a request of the same id later is reported again
+    _step(p, [prompts["a"] + [7, 8, 9], prompts["b"] + [7]])
+    assert p.owner.take_report()["undrafted"] == {"b": "batch_full"}
     p.owner.timing.cost = StepCost.linear(0.020, 0.0)  # free tokens: both draft (lead first, then more)
     drafts = _step(p, [prompts["a"] + [7], prompts["b"] + [7]])
     assert all(d[:2] == [8, 9] for d in drafts)

@@ -29,6 +29,7 @@ def test_a_state_built_on_the_worker_equals_one_built_on_the_spot():
     builds = StateBuilds()
     for i, prompt in enumerate(prompts):
         builds.start(f"r{i}", lambda p=prompt: _state(p))
+    builds.hand_over()
     busy, history = _state(prompts[1]), prompts[1]
     for _ in range(200):  # the engine thread's own work meanwhile
         history = np.concatenate([history, rng.integers(0, 50, size=3)])
@@ -49,6 +50,7 @@ def test_a_build_that_failed_raises_where_its_state_is_taken():
         raise ValueError("no state")
 
     builds.start("r", broken)
+    builds.hand_over()
     with pytest.raises(ValueError, match="no state"):
         builds.take("r")
 
@@ -57,6 +59,7 @@ def _drained(builds: StateBuilds) -> None:
     """Wait until the worker has run everything queued before now (one worker, in order)."""
     done = threading.Event()
     builds.start("drained", done.set)
+    builds.hand_over()
     assert done.wait(30)
     builds.forget(["drained"])
 
@@ -68,8 +71,12 @@ def test_a_request_gone_before_its_first_proposal_drops_its_build():
     builds.start("running", lambda: started.set() or release.wait(5))
     builds.start("waiting", lambda: ran.append("waiting"))
     builds.start("waiting", lambda: ran.append("twice"))  # a request starts one build
+    builds.start("queued", lambda: ran.append("queued"))
+    builds.hand_over()
+    builds.start("not handed over", lambda: ran.append("not handed over"))
     assert started.wait(5)
-    builds.forget(["waiting", "running", "unknown"])
+    builds.forget(["waiting", "running", "unknown", "not handed over", "queued"])
+    builds.hand_over()
     release.set()
     _drained(builds)
     assert ran == [] and len(builds) == 0 and builds.take("waiting") is None and builds.take("running") is None
@@ -82,8 +89,31 @@ def test_a_build_still_queued_is_left_to_the_caller_and_a_running_one_waited_for
     builds = StateBuilds()
     builds.start("running", lambda: started.set() or (release.wait(5) and "built"))
     builds.start("queued", lambda: ran.append("queued"))
-    assert started.wait(5) and builds.take("queued") is None
+    builds.hand_over()
+    builds.start("not handed over", lambda: ran.append("not handed over"))
+    assert started.wait(5) and builds.take("queued") is None and builds.take("not handed over") is None
     threading.Timer(0.05, release.set).start()
     assert builds.take("running") == "built" and len(builds) == 0
     _drained(builds)
     assert ran == []
+
+
+def test_queued_work_waits_for_the_hand_over_and_finished_states_are_freed_on_the_worker():
+    """Nothing runs before :meth:`StateBuilds.hand_over` (the runner hands over where the engine
+    thread waits); a released state's last reference goes on the worker thread, which frees it."""
+    builds, ran, freed_on = StateBuilds(), [], []
+    builds.start("r", lambda: ran.append(threading.current_thread().name) or "built")
+
+    class Finished:  # stands for a finished request's state: noted where it is freed
+        def __del__(self) -> None:
+            freed_on.append(threading.current_thread().name)
+
+    builds.release(Finished())  # type: ignore[arg-type]
+    assert ran == [] and freed_on == [] and len(builds) == 1
+    builds.hand_over()
+    builds.settle(30)
+    assert builds.take("r") == "built" and len(builds) == 0
+    main = threading.current_thread().name
+    assert len(ran) == 1 and ran[0] != main and freed_on == [ran[0]]
+    builds.hand_over()  # nothing queued: nothing to do
+    builds.settle(30)

@@ -398,6 +398,17 @@ def learn_rows(tables, learns, count, tokens, max_keys, source, resume) -> bool:
     return True
 
 
+def put_block(tables, at, block) -> None:
+    """``tables[at + p] = block[p]`` for each of a request's pools (``block``: a tuple of their
+    arrays), appended where the list ends at ``at``: a request's pools entering or leaving the
+    batch in one call (each of the list's own item writes is a compiled call of its own)."""
+    for p in range(len(block)):
+        if at + p == len(tables):
+            tables.append(block[p])
+        else:
+            tables[at + p] = block[p]
+
+
 def lookup_rows(tables, asks, count, tokens, context, limit, out, out_sources, answers) -> None:
     """:func:`lookup_pools` for each request ``r`` of a batch, ``asks[:, r]`` = (at, row, length,
     root), from its pools ``tables[at : at + count]``, after its text: the last ``context`` tokens
@@ -468,7 +479,7 @@ _HELPERS = ("_find", "_unslot", "_added", "_evict_head", "_new_index", "_lookup"
 LOOPS = (
     *("add_ngrams", "get_into", "support_of", "rehash", "lru_keys"),
     *("add_to_pools", "add_to_pools_unlocked", "lookup_pools", "grow_lead"),
-    *("learn_rows", "lookup_rows", "grow_rows"),
+    *("learn_rows", "lookup_rows", "grow_rows", "put_block"),
 )
 _UNLOCKED = ("add_to_pools_unlocked", "rehash")  # compiled to release the GIL: the long loops
 loops = SimpleNamespace()  # the compiled LOOPS, once load() ran

@@ -33,7 +33,7 @@ from .draft_rule import NO_EVIDENCE, LeadEvidence, own_lead_lengths
 from .mode import DraftMode
 from .ngram_table import load, new_meta
 from .plan_loop import load as plan_loops
-from .pool import NgramPool, _empty_table
+from .pool import _empty_table
 from .request import RequestLookahead, StepCandidates
 from .request_text import Lookup, RequestText
 from .source import Source
@@ -67,6 +67,7 @@ class PoolBatch:
         self._loops = load()
         G = max(1, config.guess_set_size)
         self._empty = (*_empty_table(1, G, config.ngram_size - 1), new_meta())  # a free entry
+        self._empties = (self._empty,) * self.width  # a free block
         self._tables: Any = None  # numba typed List of pool arrays, made with the first request
         self._free: list[int] = []  # first entries of released blocks
         self._resume = np.zeros(3, dtype=np.int64)
@@ -88,30 +89,26 @@ class PoolBatch:
             from numba import typed, typeof
 
             self._tables = typed.List.empty_list(typeof(self._empty))
-        if self._free:
-            at = self._free.pop()
-        else:
-            at = len(self._tables)
-            for _ in range(self.width):
-                self._tables.append(self._empty)
-        for p, pool in enumerate(text.pools()):
-            self._tables[at + p] = pool.table
-            pool.on_grow = functools.partial(self._refresh, at + p, pool)
+        at = self._free.pop() if self._free else len(self._tables)
+        self._put(at, text)
+        for pool in text.pools():
+            pool.on_grow = functools.partial(self._put, at, text)
         text.batch_at = at
         return True
 
-    def _refresh(self, entry: int, pool: NgramPool) -> None:
-        """A pool's arrays were replaced (it grew): its entry follows."""
-        self._tables[entry] = pool.table
+    def _put(self, at: int, text: RequestText) -> None:
+        """``text``'s pools' arrays as the block at ``at`` (admitted, or one of its pools grew: its
+        entry follows), in one compiled call of the one signature compiled at start-up."""
+        self._loops.put_block(self._tables, at, tuple(pool.table for pool in text.pools()))
 
     def remove(self, text: RequestText) -> None:
         """Release ``text``'s block (a finished request): its pools are no longer referenced here."""
         at = text.batch_at
         if at is None:
             return
-        for p, pool in enumerate(text.pools()):
+        for pool in text.pools():
             pool.on_grow = None
-            self._tables[at + p] = self._empty
+        self._loops.put_block(self._tables, at, self._empties)
         self._free.append(at)
         text.batch_at = None
 

@@ -99,7 +99,10 @@ class RunnerLookahead:
         # refined by every decode step), the verification price and the idle requests' rests
         self.timing = StepTiming(self.config)
         self.live = LiveRequests()  # per request: window + pools, its pending tree, that tree's outcome
-        self.builds = StateBuilds()  # new requests' states, built while their prompts' forward runs
+        self.builds = StateBuilds()  # new requests' states built, finished ones' released, on a worker
+        # where the worker gets them (StateBuilds.hand_over): at the step's start on a CPU, on an
+        # accelerator once the step's forward is launched (at sample; setup_kv knows the device)
+        self.hand_over_at_sample = False
         self._drafting = False  # whether the last proposal could draft (new requests' states start early)
         self._max_rest = 0  # the longest rest at the last proposal's batch size (new requests' first rest)
         cfg = self.config
@@ -116,6 +119,7 @@ class RunnerLookahead:
         self.stats = LookaheadStats()
         self.report = StepReport()  # this step's facts for the scheduler (taken with vLLM's output)
         self._warned: set[Undrafted] = set()
+        self._reported: dict[str, str] = {}  # each live request's last reason reported for having no draft
         # Engine-wide reason not to draft: custom logits processors cannot be replayed per tree node.
         custom = getattr(runner.model_config, "logits_processors", None)
         self.blocked = Undrafted.LOGITS_PROCESSORS if custom else None
@@ -140,7 +144,8 @@ class RunnerLookahead:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
         the pools' loops, the step layout's, the sampled walks', the draft rule's, on a CPU the sampled draw's and
-        elsewhere the trees' ancestor words', profile the forward cost.  Returns the attention backend's name."""
+        elsewhere the trees' ancestor words' (and hand the worker its share at sample there,
+        :attr:`hand_over_at_sample`), profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
         compile_layout()
@@ -149,6 +154,7 @@ class RunnerLookahead:
             compile_draw()  # sampled walks draw on CPU tensors there
         else:
             compile_tree()  # the Triton kernel's plan reads the trees' ancestor words
+            self.hand_over_at_sample = True  # the engine thread waits for the device after the launch
         if self.config.mode is DraftMode.AUTO:
             compile_plan()
             self.timing.cost, self.timing.frozen = agree_across_ranks(profile_forward_cost(self.runner))
@@ -163,10 +169,12 @@ class RunnerLookahead:
         self.on_preempted(set(preempted) | set(resumed))
         for new in scheduler_output.scheduled_new_reqs:
             # where hardly any offer drafts, a new request starts resting (LiveRequests.arrive)
-            self.live.arrive(new.req_id, self._max_rest)
+            self.live.arrive(new.req_id, self._max_rest, len(new.prompt_token_ids or ()))
             if self._drafting and new.sampling_params is not None:
                 # while the engine drafts, a new request's state is built beside its prefill
                 self.builds.start(new.req_id, self._state_build(new.prompt_token_ids, new.sampling_params))
+        if not self.hand_over_at_sample:
+            self.builds.hand_over()
 
     def on_prepare_inputs(self, scheduler_output: Any, result: tuple) -> tuple:
         """Lay out trees, fix positions, choose logits rows; returns ``_prepare_inputs``' result."""
@@ -204,7 +212,11 @@ class RunnerLookahead:
 
     def sample(self, logits: torch.Tensor, spec_decode_metadata: Any) -> Any | None:
         """This step's ``SamplerOutput``, or None to let vLLM's own ``_sample`` run; the step's time,
-        sampling and verification included, goes to the cost model (:meth:`.StepTiming.step_sampled`)."""
+        sampling and verification included, goes to the cost model (:meth:`.StepTiming.step_sampled`).
+        On an accelerator the step's forward is in flight here: the worker gets its share of request
+        turnover (:meth:`.StateBuilds.hand_over`) while this thread waits for the device."""
+        if self.hand_over_at_sample:
+            self.builds.hand_over()
         try:
             return self._sample(logits, spec_decode_metadata)
         finally:
@@ -257,6 +269,7 @@ class RunnerLookahead:
         with room get candidates; one :func:`~vllm_lookahead.core.drafting.draft_step` builds the
         step's trees (:meth:`_drafts`)."""
         t0 = time.perf_counter()
+        self.builds.hand_over()  # anything a step without a sample left queued
         decoding = sum(1 for s in sampled_token_ids if s)
         rule = self.config.mode is DraftMode.AUTO  # the draft rule sizes this step
         budget = self.config.draft_budget(decoding)
@@ -270,8 +283,13 @@ class RunnerLookahead:
         # Every request observes its step first, then those that draft ask for candidates: what
         # one request learns (the shared pools, the engine's pooled lead record) is there for all.
         observed = []
-        # an idle request resting: no lookups this step, its pools catch up when it proposes again
-        proposing = self.live.proposing(req_ids, sampled_token_ids) if can_draft else range(len(req_ids))
+        # an idle request resting: no lookups this step, its pools catch up when it proposes again;
+        # none drafting: only the requests with an outcome observe it, the others' pools catch up later
+        if can_draft:
+            proposing = self.live.proposing(req_ids, sampled_token_ids, num_tokens_no_spec)
+        else:
+            proposing = self.live.observing(req_ids)
+            self._undrafted_all(req_ids, sampled_token_ids, Undrafted.BATCH_FULL)
         # the batch learns after all observed, and asks for all (a few requests ask on their own:
         # the batch's calls cost more than theirs)
         batch = len(proposing) >= PoolBatch.FROM
@@ -282,8 +300,8 @@ class RunnerLookahead:
             history = token_ids_cpu[i, : int(num_tokens_no_spec[i])] if new_tokens else None
             state = self._observe(req_id, i, new_tokens, history, can_draft, learning)
             if state is None or not can_draft:
-                if new_tokens:  # the pools catch up on skipped tokens when the request drafts again
-                    self.report.undrafted[req_id] = Undrafted.BATCH_FULL.label
+                if new_tokens and can_draft:  # the pools catch up on skipped tokens when the request drafts again
+                    self._undrafted(req_id, Undrafted.BATCH_FULL)
                 continue
             observed.append((i, req_id, state, new_tokens, history))
         self.acceptance.fresh()  # the step's observations of every request's records, in one call
@@ -295,7 +313,7 @@ class RunnerLookahead:
         for i, req_id, state, new_tokens, history in observed:
             ask = self._ask(i, req_id, state, new_tokens, history, budget, prices)
             if isinstance(ask, Undrafted):
-                self.report.undrafted[req_id] = ask.label
+                self._undrafted(req_id, ask)
             else:
                 asks.append(ask[0])
                 thinking.append(ask[1])
@@ -303,12 +321,29 @@ class RunnerLookahead:
             req_id = req_ids[ask.row]
             drafts[ask.row] = self._emit(req_id, draft, ask.room, limit)
             if rule:
-                self.live.offered(req_id, bool(drafts[ask.row]), max_rest)
+                self.live.offered(req_id, bool(drafts[ask.row]), max_rest, ask.length)
         seconds = time.perf_counter() - t0
         if rule and can_draft:
             self.timing.proposed_for(seconds, len(asks))
         self.report.propose_seconds += seconds
         return drafts
+
+    def _undrafted(self, req_id: str, reason: Undrafted) -> None:
+        """Why the request's next step has no draft, for the step's report (the scheduler's table,
+        :mod:`vllm_lookahead.engine.metrics.spec_metrics`, keeps each request's last reason): only
+        where it differs from the last one reported, so a batch too full for drafts reports each
+        request once, not every step."""
+        label = reason.label
+        if self._reported.get(req_id) is not label:
+            self._reported[req_id] = self.report.undrafted[req_id] = label
+
+    def _undrafted_all(self, req_ids: list[str], sampled: list[list[int]], reason: Undrafted) -> None:
+        """:meth:`_undrafted` for every request with new tokens (a step in which none may draft)."""
+        label, reported = reason.label, self._reported
+        changed = [r for r, tokens in zip(req_ids, sampled) if tokens and reported.get(r) is not label]
+        if changed:
+            reported.update(dict.fromkeys(changed, label))
+            self.report.undrafted.update(dict.fromkeys(changed, label))
 
     def _can_draft(self, decoding: int, budget: int | None) -> bool:
         """Whether any request may draft next step: under a fixed cap, if the cap leaves room;
@@ -452,7 +487,7 @@ class RunnerLookahead:
             # No marker token in a draft (a prefix of a tree in topological order is a tree).
             tokens = tokens[: thinking.cut(tokens)]
         if not tokens:
-            self.report.undrafted[req_id] = Undrafted.NO_CANDIDATE.label
+            self._undrafted(req_id, Undrafted.NO_CANDIDATE)
             return []
         self.live.set_draft(req_id, draft)
         self.stats.on_propose(draft, len(tokens))
@@ -517,13 +552,17 @@ class RunnerLookahead:
 
     # -- request lifecycle ---------------------------------------------------------------
     def forget(self, req_ids: Any) -> None:
-        """Finished or aborted requests: drop everything kept for them."""
+        """Finished or aborted requests: drop everything kept for them (their states freed on the
+        worker, :meth:`.StateBuilds.release`)."""
         for req_id in req_ids:
             state = self.live.state(req_id)
             if state is not None:
                 self.pools.remove(state.text)
+                self.builds.release(state)
         self.live.forget(req_ids)
         self.builds.forget(req_ids)
+        for req_id in req_ids:
+            self._reported.pop(req_id, None)
 
     def on_preempted(self, req_ids: Any) -> None:
         """A preempted request recomputes its KV; its draft is void, its pool stays useful."""

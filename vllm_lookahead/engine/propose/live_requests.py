@@ -9,9 +9,11 @@ A request's record holds, by lifetime:
 * ``outcome`` -- that tree verified (:class:`~vllm_lookahead.engine.step.verification.StepOutcome`), from
   ``_sample`` until
   the next proposal observes it;
-* ``idle`` / ``rest`` / ``phase`` -- how many proposals running offered it to the draft rule for
-  nothing, how many it still skips (under the draft rule, :meth:`LiveRequests.offered`), and how
-  much of each rest it cuts;
+* ``idle`` / ``phase`` -- how many proposals running offered it to the draft rule for nothing
+  (under the draft rule, :meth:`LiveRequests.offered`), and how much of each rest it cuts; while
+  it rests, the length its text has when it proposes again is in the resting requests' index (a
+  rest of ``r`` proposals taken at length ``L`` ends at ``L + r + 1``: a resting request emits
+  one token a step);
 * ``pool_ngrams`` -- its pools' size when last counted: :attr:`LiveRequests.pool_ngrams`, the
   pool gauge, is their running sum.  A request that learnt is counted again with the others that
   learnt since, every :data:`COUNT_EVERY` steps (:meth:`LiveRequests.learnt`), not on each step.
@@ -26,7 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from vllm_lookahead.core import RequestLookahead, StepDraft
@@ -57,7 +62,6 @@ class LiveRequest:
     draft: StepDraft | None = None
     outcome: StepOutcome | None = None
     idle: int = 0  # proposals running that offered it to the draft rule and drafted nothing
-    rest: int = 0  # proposals it still skips
     pool_ngrams: int = 0  # n-grams its pools held when last counted (:meth:`LiveRequests.count_pools`)
     phase: float = 0.0  # in [0, 1): the share of half of each rest it cuts (spreads requests that rest alike)
 
@@ -67,6 +71,7 @@ class LiveRequests:
 
     def __init__(self) -> None:
         self._records: dict[str, LiveRequest] = {}
+        self._waking: dict[str, int] = {}  # the resting requests' wake lengths
         self._verified: list[str] = []  # requests given an outcome since the step began
         self.pool_ngrams = 0  # n-grams the live requests' pools hold, as last counted
         self._learnt: set[str] = set()  # requests whose pools learnt since they were last counted
@@ -125,7 +130,9 @@ class LiveRequests:
         self._record(req_id).draft = draft
 
     def set_outcome(self, req_id: str, outcome: StepOutcome) -> None:
+        """Its tree verified: observed at the next proposal (a request with an outcome rests no more)."""
         self._record(req_id).outcome = outcome
+        self._waking.pop(req_id, None)
         self._verified.append(req_id)
 
     def take_outcome(self, req_id: str) -> StepOutcome | None:
@@ -137,53 +144,70 @@ class LiveRequests:
         outcome, record.outcome, record.draft = record.outcome, None, None
         return outcome
 
-    def proposing(self, req_ids: list[str], sampled: list[list[int]]) -> list[int]:
-        """The indices of ``req_ids`` that propose this step, in one pass (a step at 1,024 in flight
-        rests most of them): a request with new tokens (``sampled[i]``) resting skips it and spends
-        one of its rest's proposals; one with an outcome to observe never rests."""
-        records, count, out = self._records, len(sampled), []
-        for i, req_id in enumerate(req_ids):
-            record = records.get(req_id)
-            if record is not None and record.rest > 0 and record.outcome is None and i < count and sampled[i]:
-                record.rest -= 1
-            else:
-                out.append(i)
-        return out
+    def proposing(self, req_ids: list[str], sampled: list[list[int]], lengths: np.ndarray) -> list[int]:
+        """The indices of ``req_ids`` that propose this step: all but those with new tokens
+        (``sampled[i]``) whose text (``lengths[i]`` tokens, the new ones included) is still short of
+        their wake length.  One pass in numpy over the batch (a step at 1,024 in flight rests most
+        of them), no per-request work for a resting request: its rest runs out as its text grows."""
+        n, waking = len(req_ids), self._waking
+        if not waking:
+            return list(range(n))
+        wakes = np.fromiter(map(waking.get, req_ids, repeat(0)), dtype=np.int64, count=n)
+        lengths = np.asarray(lengths)[:n]
+        woken = (wakes > 0) & (wakes <= lengths)
+        if woken.any():  # rests over: out of the index
+            for i in np.flatnonzero(woken).tolist():
+                del waking[req_ids[i]]
+        skip = wakes > lengths
+        count = min(n, len(sampled))
+        skip[:count] &= np.fromiter(map(bool, sampled[:count]), dtype=bool, count=count)
+        skip[count:] = False
+        return np.flatnonzero(~skip).tolist()
 
-    def offered(self, req_id: str, drafted: bool, max_rest: int) -> None:
-        """The request was offered to the draft rule and ``drafted`` or not: after two proposals
-        running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no
-        rest), and a draft ends its idleness.  Where ``max_rest`` is long (proposing for every
-        request would cost a large share of the forward: hundreds of requests in flight) the first
-        rest is already ``max_rest / 16`` -- ``/ 8`` or ``/ 4`` where the engine's offers have
-        hardly drafted lately (:attr:`draft_yield`, :func:`first_rest_shift`) -- so that each new
-        request's way up to it costs a few proposals, not eight.  Each rest is cut by a share of
-        up to half that differs between requests (their phase), so that requests that went idle
-        together (a burst admitted at once, a batch where nothing pays) do not all propose again
-        on the same step."""
+    def observing(self, req_ids: list[str]) -> list[int]:
+        """The indices of ``req_ids`` with an outcome to observe (a step in which none may draft:
+        the others have nothing to do)."""
+        records = self._records
+        waiting = {r for r in self._verified if (record := records.get(r)) is not None and record.outcome is not None}
+        return [i for i, req_id in enumerate(req_ids) if req_id in waiting] if waiting else []
+
+    def offered(self, req_id: str, drafted: bool, max_rest: int, length: int) -> None:
+        """The request (its text ``length`` tokens) was offered to the draft rule and ``drafted`` or not: after two
+        proposals running that drafted nothing it rests 1, then 2, 4 ... up to ``max_rest`` proposals (0: no rest), and
+        a draft ends its idleness.  Where ``max_rest`` is long (proposing for every request would cost a large share of
+        the forward: hundreds of requests in flight) the first rest is already ``max_rest / 16`` -- ``/ 8`` or ``/ 4``
+        where the engine's offers have hardly drafted lately (:attr:`draft_yield`, :func:`first_rest_shift`) -- so that
+        each new request's way up to it costs a few proposals, not eight.  Each rest is cut by a share of up to half
+        that differs between requests (their phase), so that requests that went idle together (a burst admitted at once,
+        a batch where nothing pays) do not all propose again on the same step."""
         self.draft_yield = YIELD_DECAY * self.draft_yield + (1.0 - YIELD_DECAY) * drafted
         record = self._record(req_id)
         record.idle = 0 if drafted else record.idle + 1
-        self._rest(record, max_rest)
+        self._rest(req_id, record, max_rest, length)
 
-    def arrive(self, req_id: str, max_rest: int) -> None:
+    def arrive(self, req_id: str, max_rest: int, length: int) -> None:
         """A request scheduled for the first time.  Where the engine's offers hardly draft lately
         (:attr:`draft_yield` below :data:`LOW_YIELD`: a batch too full for drafts to pay) it starts
         as an idle request at its first rest, cut by its phase, rather than proposing for nothing on
         its first two decode steps: a burst of arrivals (a wave of requests replacing a wave that
         finished) then proposes spread over that rest, not all on the steps after its prefill.
         Elsewhere it proposes from its first decode step.  ``max_rest``: the longest rest at the
-        last proposal's batch size (:meth:`offered`)."""
+        last proposal's batch size (:meth:`offered`); ``length``: its prompt's."""
         if max_rest > 0 and self.draft_yield < LOW_YIELD and req_id not in self._records:
             record = self._record(req_id)
             record.idle = 2
-            self._rest(record, max_rest)
+            self._rest(req_id, record, max_rest, length)
 
-    def _rest(self, record: LiveRequest, max_rest: int) -> None:
-        """The record's rest after an offer, from its idleness (:meth:`offered`)."""
+    def _rest(self, req_id: str, record: LiveRequest, max_rest: int, length: int) -> None:
+        """The record's rest after an offer at text ``length``, from its idleness (:meth:`offered`):
+        its wake length, the next ``rest`` lengths skipped."""
         first = max(1, max_rest >> first_rest_shift(self.draft_yield))
         rest = min(max_rest, first << (record.idle - 2)) if record.idle >= 2 else 0
-        record.rest = rest - int(record.phase * rest / 2)  # cut by up to half: the request's phase
+        rest -= int(record.phase * rest / 2)  # cut by up to half: the request's phase
+        if rest > 0:
+            self._waking[req_id] = length + rest + 1
+        else:
+            self._waking.pop(req_id, None)
 
     def new_step(self) -> None:
         """A step begins: outcomes of the last one that no proposal observed are dropped; every
@@ -212,3 +236,4 @@ class LiveRequests:
             record = self._records.pop(req_id, None)
             if record is not None:
                 self.pool_ngrams -= record.pool_ngrams
+                self._waking.pop(req_id, None)
