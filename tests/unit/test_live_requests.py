@@ -104,16 +104,17 @@ def test_a_request_offered_for_nothing_rests_longer_each_time_and_a_draft_ends_i
     assert not _resting(live, "a")  # an outcome to observe is never skipped
 
 
-def test_a_step_proposes_for_every_request_but_those_resting_with_new_tokens():
+def test_a_step_proposes_for_every_request_but_those_resting():
     live = _Steps()
     for req_id in ("idle", "no tokens", "outcome"):
         for _ in range(2):  # two proposals for nothing: a rest of one
             live.offered(req_id, drafted=False, max_rest=8)
     live.set_outcome("outcome", SimpleNamespace())
     ids = ["new", "idle", "no tokens", "outcome", "past the sampled"]
-    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 2, 3, 4]
-    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 1, 2, 3, 4]  # "idle" rested its one proposal
+    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 3, 4]  # nothing to observe without new tokens either
+    assert live.proposing(ids, [[1], [2], [], [3]]) == [0, 1, 3, 4]  # "idle" rested its one proposal
     assert live.proposing(["no tokens"], [[4]]) == []  # its rest was not spent while it had no tokens
+    assert live.proposing(["no tokens"], [[5]]) == [0]
 
 
 def test_the_pool_count_follows_the_requests_counted_again():
@@ -238,12 +239,12 @@ def test_in_a_step_none_may_draft_only_the_requests_with_an_outcome_observe():
 
 
 def _proposing_by_rest(rests: dict[str, int], req_ids: list[str], sampled: list[list[int]]) -> list[int]:
-    """The definition of who proposes: a request resting (``rests``: proposals it still skips) with
-    new tokens skips, and spends one of them."""
+    """The definition of who proposes: a request resting (``rests``: proposals it still skips)
+    skips, and spends one of them where it has new tokens."""
     out = []
     for i, req_id in enumerate(req_ids):
-        if rests.get(req_id, 0) > 0 and sampled[i]:
-            rests[req_id] -= 1
+        if rests.get(req_id, 0) > 0:
+            rests[req_id] -= bool(sampled[i])
         else:
             out.append(i)
     return out

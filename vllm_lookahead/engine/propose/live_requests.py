@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import repeat
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
+
     from vllm_lookahead.core import RequestLookahead, StepDraft
     from vllm_lookahead.engine.step.verification import StepOutcome
 
@@ -145,24 +144,25 @@ class LiveRequests:
         return outcome
 
     def proposing(self, req_ids: list[str], sampled: list[list[int]], lengths: np.ndarray) -> list[int]:
-        """The indices of ``req_ids`` that propose this step: all but those with new tokens
-        (``sampled[i]``) whose text (``lengths[i]`` tokens, the new ones included) is still short of
-        their wake length.  One pass in numpy over the batch (a step at 1,024 in flight rests most
-        of them), no per-request work for a resting request: its rest runs out as its text grows."""
+        """The indices of ``req_ids`` that propose this step: all but the resting ones, those whose
+        text (``lengths[i]`` tokens, this step's new ones included) is still short of their wake
+        length -- a rest runs out as the text grows, one token a step, with no work of its own
+        while it lasts (one lookup per request in the resting ones' index: a step at 1,024 in flight
+        rests most of them).  A resting request without new tokens
+        (``sampled[i]`` empty: not scheduled, or a prompt's chunk) would have nothing to observe
+        either; its rest is not spent (its text did not grow)."""
         n, waking = len(req_ids), self._waking
         if not waking:
             return list(range(n))
-        wakes = np.fromiter(map(waking.get, req_ids, repeat(0)), dtype=np.int64, count=n)
-        lengths = np.asarray(lengths)[:n]
-        woken = (wakes > 0) & (wakes <= lengths)
-        if woken.any():  # rests over: out of the index
-            for i in np.flatnonzero(woken).tolist():
-                del waking[req_ids[i]]
-        skip = wakes > lengths
-        count = min(n, len(sampled))
-        skip[:count] &= np.fromiter(map(bool, sampled[:count]), dtype=bool, count=count)
-        skip[count:] = False
-        return np.flatnonzero(~skip).tolist()
+        out = []
+        for i, (req_id, length) in enumerate(zip(req_ids, lengths[:n].tolist())):
+            wake = waking.get(req_id)
+            if wake is None:
+                out.append(i)
+            elif length >= wake:  # its rest is over: out of the index
+                del waking[req_id]
+                out.append(i)
+        return out
 
     def observing(self, req_ids: list[str]) -> list[int]:
         """The indices of ``req_ids`` with an outcome to observe (a step in which none may draft:
