@@ -283,13 +283,7 @@ class RunnerLookahead:
         # Every request observes its step first, then those that draft ask for candidates: what
         # one request learns (the shared pools, the engine's pooled lead record) is there for all.
         observed = []
-        # an idle request resting: no lookups this step, its pools catch up when it proposes again;
-        # none drafting: only the requests with an outcome observe it, the others' pools catch up later
-        if can_draft:
-            proposing = self.live.proposing(req_ids, sampled_token_ids, num_tokens_no_spec)
-        else:
-            proposing = self.live.observing(req_ids)
-            self._undrafted_all(req_ids, sampled_token_ids, Undrafted.BATCH_FULL)
+        proposing = self._proposing(req_ids, sampled_token_ids, num_tokens_no_spec, can_draft)
         # the batch learns after all observed, and asks for all (a few requests ask on their own:
         # the batch's calls cost more than theirs)
         batch = len(proposing) >= PoolBatch.FROM
@@ -327,6 +321,18 @@ class RunnerLookahead:
             self.timing.proposed_for(seconds, len(asks))
         self.report.propose_seconds += seconds
         return drafts
+
+    def _proposing(
+        self, req_ids: list[str], sampled: list[list[int]], lengths: np.ndarray, can_draft: bool
+    ) -> list[int]:
+        """The indices of the requests that observe their step (and, if ``can_draft``, ask for
+        candidates): all but those resting (no lookups, their pools catch up when they propose
+        again); where none may draft, only those with an outcome to observe (the others' pools
+        catch up later), every request's reason being a batch too full."""
+        if can_draft:
+            return self.live.proposing(req_ids, sampled, lengths)
+        self._undrafted_all(req_ids, sampled, Undrafted.BATCH_FULL)
+        return self.live.observing(req_ids)
 
     def _undrafted(self, req_id: str, reason: Undrafted) -> None:
         """Why the request's next step has no draft, for the step's report (the scheduler's table,
