@@ -13,6 +13,11 @@ a fresh process, taking their steps in turn (:func:`_runs`); each step keeps its
 the rounds (a slow moment of the machine falls out); the report gives both versions' per-step
 least times (mean / p50 / p99, each phase's p50) and the median of the per-step ratios.
 
+``--decisions-may-differ``: for a change that moves what is drafted (what the pools hold when, the
+rule itself), the versions' steps no longer pair up -- their batches drift apart -- so each
+version's runs must still agree among themselves, and the report gives the ratios of the two
+versions' p50 and mean over their own steps, with each version's draft and emitted tokens per step.
+
 ``--base``: a git revision (checked out into a temporary worktree) or a directory holding a
 ``vllm_lookahead`` package; the other version is this checkout's.  The replay itself is this
 checkout's for both.
@@ -147,13 +152,16 @@ def _failed(name: str, worker: tuple) -> SystemExit:
     return SystemExit(f"{name} failed:\n{Path(log.name).read_text()[-3000:]}")
 
 
-def compare(runs: dict[str, list[dict]]) -> dict:
-    """The versions' per-step least times, after checking every run made the same decisions."""
+def compare(runs: dict[str, list[dict]], same_decisions: bool = True) -> dict:
+    """The versions' per-step least times, after checking every run made the same decisions (with
+    ``same_decisions`` False: every run of a version the same as that version's others)."""
     first = next(iter(runs.values()))[0]
     for name, rs in runs.items():
+        own = first if same_decisions else rs[0]
         for r in rs:
-            if r["draft_tokens"] != first["draft_tokens"] or r["emitted"] != first["emitted"]:
-                raise SystemExit(f"{name}'s decisions differ from the first run's: its steps do not compare")
+            if r["draft_tokens"] != own["draft_tokens"] or r["emitted"] != own["emitted"]:
+                whose = "the first run's" if same_decisions else "its other runs'"
+                raise SystemExit(f"{name}'s decisions differ from {whose}: its steps do not compare")
     out: dict = {"steps": len(first["emitted"]), "draft_tokens_per_step": float(np.mean(first["draft_tokens"]))}
     least = {}
     for name, rs in runs.items():
@@ -174,9 +182,15 @@ def compare(runs: dict[str, list[dict]]) -> dict:
             "run_p50_ms": [
                 round(float(1e3 * np.median(np.sum([r["seconds"][p] for p in r["seconds"]], axis=0))), 3) for r in rs
             ],
+            "draft_tokens_per_step": float(np.mean(rs[0]["draft_tokens"])),
+            "emitted_per_step": float(np.mean(rs[0]["emitted"])),
         }
     base, head = least.values()
-    out["median_step_ratio"] = float(np.median(head / base))
+    if same_decisions:
+        out["median_step_ratio"] = float(np.median(head / base))
+    else:
+        out["p50_ratio"] = float(np.median(head) / np.median(base))
+        out["mean_ratio"] = float(np.mean(head) / np.mean(base))
     return out
 
 
@@ -193,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost", default="h100", help="the draft rule's forward: h100, a100 (rooflines), cpu, or a file")
     p.add_argument(
         "--device-time", action="store_true", help="each step sleeps through its forward as --cost prices it"
+    )
+    p.add_argument(
+        "--decisions-may-differ",
+        action="store_true",
+        help="the versions draft differently: compare their p50 and mean, not step for step",
     )
     p.add_argument("--tree", help=argparse.SUPPRESS)  # a worker: one run with this tree's vllm_lookahead
     p.add_argument("--dump", help=argparse.SUPPRESS)
@@ -212,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["git", "worktree", "add", "--detach", "-q", str(worktree), args.base], cwd=ROOT, check=True)
             base = worktree
         try:
-            result = compare(_runs(args, {"base": base, "head": ROOT}, Path(tmp)))
+            result = compare(_runs(args, {"base": base, "head": ROOT}, Path(tmp)), not args.decisions_may_differ)
         finally:
             if worktree is not None:
                 subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
     where = f"batch {args.batch}, context {args.context}, T={args.temperature:g}, {args.rounds} rounds"
-    print(f"{where}: {result['steps']} steps, {result['draft_tokens_per_step']:.1f} draft tokens per step (both)")
+    both = "" if args.decisions_may_differ else f", {result['draft_tokens_per_step']:.1f} draft tokens per step (both)"
+    print(f"{where}: {result['steps']} steps{both}")
     for name in ("base", "head"):
         r = result[name]
         phases = ", ".join(f"{p} {v:.3f}" for p, v in r["phase_p50_ms"].items())
@@ -225,8 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}: per-step least ms mean {r['step_ms']['mean']:.3f} p50 {r['step_ms']['p50']:.3f} "
             f"p99 {r['step_ms']['p99']:.3f} (phases p50: {phases}); each run's p50 {r['run_p50_ms']}"
             + (f"; stall ms {r['stall_ms']}" if r["stall_ms"] else "")
+            + f"; draft / emitted tokens per step {r['draft_tokens_per_step']:.1f} / {r['emitted_per_step']:.2f}"
         )
-    print(f"head / base, median over steps: {result['median_step_ratio']:.3f}")
+    if args.decisions_may_differ:
+        print(f"head / base: p50 {result['p50_ratio']:.3f}, mean {result['mean_ratio']:.3f}")
+    else:
+        print(f"head / base, median over steps: {result['median_step_ratio']:.3f}")
     print(json.dumps(result))
     return 0
 

@@ -199,6 +199,12 @@ def test_ab_compares_two_versions_step_for_step_and_refuses_runs_that_decided_di
     assert compare({"base": [run], "head": [dict(run, seconds={"propose": [5e-4, 2e-3]})]})["median_step_ratio"] == 0.75
     with pytest.raises(SystemExit, match="decisions differ"):
         compare({"base": [run], "head": [dict(run, draft_tokens=[2, 0])]})
+    # a change that moves the drafts: each version's runs agree among themselves, p50 and mean compare
+    other = dict(run, draft_tokens=[2, 0], seconds={"propose": [1e-3, 3e-3]})
+    moved = compare({"base": [run, run], "head": [other, other]}, same_decisions=False)
+    assert moved["p50_ratio"] == 2.0 / 1.5 and moved["head"]["draft_tokens_per_step"] == 1.0
+    with pytest.raises(SystemExit, match="its other runs'"):
+        compare({"base": [run], "head": [other, run]}, same_decisions=False)
 
 
 def test_engine_check_compares_full_batch_steps_and_can_disagree():

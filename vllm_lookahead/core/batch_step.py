@@ -11,8 +11,10 @@ them are never used: a full batch drafts chains, and chains read the lead alone.
 the leads' lengths, their growth and the plan, which lays the options out itself, each phase
 reading the arrays the one before wrote.  Each request is read once for its numbers (its text's
 place, root, room, window, the lead's odds' shifts, its candidates' and window's rates, its
-prices) and once more to build its tree; further candidates become tuples only for requests the
-plan gives some.
+prices) and once more to build its tree; a draft of the lead alone or of nothing (most of a full
+batch's) is made straight from the plan's row (:meth:`~.request.RequestLookahead.lead_draft`,
+:meth:`~.request.RequestLookahead.no_draft`), and further candidates become tuples only for
+requests the plan gives some.
 
 The drafts are those of :func:`~.drafting.draft_step` over
 :meth:`~.pool_batch.PoolBatch.step_candidates` (tests/unit/test_batch_step.py).
@@ -69,10 +71,23 @@ def draft_batch(
         ints, floats, head, _LEAD_TABLES, tokens, xs, ys, most
     )
     drafts = []
+    width = pools.width
     for r, (ask, (n, first, support, t, d), text, lead_sources, lead_odds, lead, cands, cols) in enumerate(
         zip(asks, answers.tolist(), buf.tolist(), sources.tolist(), odds.tolist(), *plans.tolist())
     ):
         asked = n > 0 and ask.room > 0
+        if not cols and (not cands or not lead):  # the lead alone, or nothing: no candidates record
+            k = min(lead, d, ask.room)
+            shadow = text[t + k] if k < d else -1
+            # an admitted request asks its own pools alone, longest context first: pool p matched width - p tokens
+            evidence = LeadEvidence(width - first if n else 0, max(1, support), False) if asked else NO_EVIDENCE
+            state = ask.state
+            drafts.append(
+                state.lead_draft(ask.root, text[t : t + k], lead_sources[:k], shadow, evidence)
+                if k > 0
+                else state.no_draft(ask.root, shadow, evidence)
+            )
+            continue
         others: list[tuple[tuple[int, ...], int]] = []
         if cands and d:  # the tuples of the further candidates the plan takes
             limit = n if ask.max_candidates is None else min(n, ask.max_candidates)

@@ -266,9 +266,12 @@ class RequestLookahead:
         if not lead_tokens and (
             window is None or (window_columns is not None and window.tree_nodes(window_columns) == 0)
         ):
-            return self._nothing_drafted(cands, window_columns if window is not None else 0)
+            shadow = int(cands.lead[0]) if cands.lead else -1
+            return self.no_draft(cands.root, shadow, cands.lead_evidence, window_columns if window is not None else 0)
         if window is None and (candidates == 0 or not cands.others):
-            return self._lead_drafted(cands, lead_tokens)
+            k = len(lead_tokens)
+            shadow = int(cands.lead[k]) if k < len(cands.lead) else -1
+            return self.lead_draft(cands.root, lead_tokens, cands.lead_sources[:k], shadow, cands.lead_evidence)
         builder = TreeBuilder(cands.root)
         merge = config.ablation.merge_candidates if merge is None else merge
         used = 0
@@ -314,40 +317,43 @@ class RequestLookahead:
             columns -= 1
         return columns
 
-    def _lead_drafted(self, cands: StepCandidates, lead_tokens: tuple[int, ...]) -> StepDraft:
+    def lead_draft(
+        self, root: int, lead_tokens: Sequence[int], sources: list[int], shadow: int, evidence: LeadEvidence
+    ) -> StepDraft:
         """:meth:`build`'s draft of the lead alone (most drafts of a full batch): a chain, made
-        without a tree builder."""
-        sources = cands.lead_sources[: len(lead_tokens)]
+        without a tree builder (``sources``: its tokens'; ``shadow``: the lead's next token, -1:
+        none; ``evidence``: where the lead was found) -- made so by a batch step's plan too
+        (:func:`~.batch_step.draft_batch`), without a candidates record."""
         self._unsent = None
         return StepDraft(
-            tree=DraftTree.chain((cands.root, *lead_tokens)),
+            tree=DraftTree.chain((root, *lead_tokens)),
             window_nodes=_NO_NODES,
             num_candidates=1,
             lead_tokens=len(lead_tokens),
             sources=_chain_sources(tuple(sources)),
-            shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
-            lead_evidence=cands.lead_evidence,
+            shadow_token=shadow,
+            lead_evidence=evidence,
             window_sourced=Source.WINDOW in sources,
         )
 
-    def _nothing_drafted(self, cands: StepCandidates, window_columns: int) -> StepDraft:
+    def no_draft(self, root: int, shadow: int, evidence: LeadEvidence, window_columns: int = 0) -> StepDraft:
         """:meth:`build`'s draft when it drafts nothing (the most common step in a full batch, so
         made without building a tree): the root alone -- with the window's first column where it
         is the root itself (a window at its first level, :meth:`~.window.JacobiWindow.root_column`)
-        -- its lead's first token kept as the shadow token the next step checks."""
+        -- its lead's first token kept as the shadow token the next step checks (-1: none)."""
         window_nodes, window_start = _NO_NODES, None
         if window_columns and self.window is not None:
-            window_nodes, window_start = self.window.root_column(cands.root), 1
+            window_nodes, window_start = self.window.root_column(root), 1
         draft = StepDraft(
-            tree=DraftTree.root_only(cands.root),
+            tree=DraftTree.root_only(root),
             window_nodes=window_nodes,
             num_candidates=0,
             sources=_ROOT_SOURCES,
             window_start=window_start,
-            shadow_token=int(cands.lead[0]) if cands.lead else -1,
-            lead_evidence=cands.lead_evidence,
+            shadow_token=shadow,
+            lead_evidence=evidence,
         )
-        self._unsent = draft if draft.shadow_token >= 0 else None
+        self._unsent = draft if shadow >= 0 else None
         return draft
 
     def observe(
