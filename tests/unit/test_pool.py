@@ -406,6 +406,12 @@ def test_numba_loads_after_the_plugin_and_compiles_every_loop_at_start_up():
         "builder.add_nodes([0, 0], [2, 3], True)\n"
         "builder.build().ancestor_words()\n"  # a branching tree as the engine's are made
         "assert len(tr._loops().words.signatures) == 1, tr._loops().words.signatures\n"
+        "assert len(tr._loops().chains.signatures) == 1\n"
+        "from vllm_lookahead.core.request import StepCandidates\n"
+        "state = RequestLookahead(LookaheadConfig(), list(range(50)), seed=0)\n"
+        "state.build(StepCandidates(3, (4, 5), [1, 1], [((4, 6, 7, 8), 2)]), window_columns=None)\n"  # as a step builds
+        "state.build(StepCandidates(3, (4, 5), [1, 1], [((4, 6, 7, 8), 2)]), merge=False, budget=4)\n"
+        "assert len(tr._loops().chains.signatures) == 1, tr._loops().chains.signatures\n"
         "from vllm_lookahead.core import sampling as s\n"
         "s.compile_walks()\n"
         "counts = lambda: [len(f.signatures) for f in vars(s._loops()).values()]\n"

@@ -25,10 +25,12 @@ from vllm_lookahead.core import (
     RequestLookahead,
     Source,
     StepDraft,
+    TreeBuilder,
     greedy_verify,
 )
 from vllm_lookahead.core.draft_rule import LeadEvidence
 from vllm_lookahead.core.pool import SharedPools
+from vllm_lookahead.core.request import StepCandidates
 from vllm_lookahead.core.step_cost import StepCost
 
 Oracle = Callable[[Sequence[int]], int]
@@ -713,3 +715,57 @@ def test_a_lead_alone_is_the_chain_a_tree_builder_makes(lead, cut, window_left_o
     assert (draft.num_candidates, draft.lead_tokens, draft.window_start) == (1, kept, None)
     assert draft.shadow_token == (tokens[kept] if kept < len(tokens) else -1)
     assert draft.lead_evidence == evidence and draft.window_columns == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(2, 5),
+    st.integers(0, 4),
+    st.lists(st.integers(0, 4), max_size=10),
+    st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=5), st.integers(0, 5)), max_size=6),
+    st.sampled_from([None, 0, 1, 2, 7]),
+    st.sampled_from([None, 0, 2, 5]),
+    st.booleans(),
+    st.sampled_from([None, 0, 3, 8, 40]),
+)
+def test_build_makes_the_tree_a_builder_makes_chain_by_chain(
+    w, n, levels, lead, others, candidates, columns, merge, budget
+):
+    """build's tree (one compiled call for the chains, the window's branch written after them) is
+    the one a TreeBuilder makes adding the lead, the further candidates that fit, then the window's
+    columns that fit: the same nodes, sources, window outputs and draft fields."""
+    config = make_config(window_size=w, ngram_size=n, guess_set_size=4)
+    prompt = list(range(30))
+    state, reference = RequestLookahead(config, prompt, seed=3), RequestLookahead(config, prompt, seed=3)
+    for k in range(levels):  # the same window levels in both
+        for s in (state, reference):
+            s.window.update(np.arange(k, k + w, dtype=np.int64), 0, prompt)
+    cands = StepCandidates(9, tuple(lead), [1] * len(lead), [(tuple(c), s) for c, s in others])
+    got = state.build(cands, lead=None, candidates=candidates, window_columns=columns, merge=merge, budget=budget)
+    room = 1 << 30 if budget is None else budget
+    lead_tokens = cands.lead[:room]
+    builder, used = TreeBuilder(9), 0
+    if lead_tokens:
+        builder.add_chain(0, lead_tokens, True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)])
+        used = 1
+        for continuation, source in cands.others[:candidates]:
+            if builder.size - 1 + len(continuation) > room:
+                break
+            builder.add_chain(0, continuation, True, merge=merge, sources=source)
+            used += 1
+    fit = reference._columns_that_fit(reference.window, columns, room - (builder.size - 1)) if columns != 0 else 0
+    if got.tree.size == 1 and not lead_tokens:
+        return  # a draft of nothing (no_draft): no tree built
+    assert got.num_candidates == used and got.lead_tokens == len(lead_tokens)
+    window_start = builder.size if fit else None
+    window_nodes = reference.window.add_to_tree(builder, root=0, columns=fit) if fit else np.zeros(0, dtype=np.int64)
+    want = builder.build()
+    for name in ("tokens", "parents", "depths", "logits"):
+        np.testing.assert_array_equal(getattr(got.tree, name), getattr(want, name))
+        assert getattr(got.tree, name).dtype == getattr(want, name).dtype
+    np.testing.assert_array_equal(got.sources, builder.sources)
+    np.testing.assert_array_equal(got.window_nodes, window_nodes)
+    assert got.window_start == window_start
+    assert got.window_sourced == builder.has_source(Source.WINDOW)
+    assert state.window.root_token == reference.window.root_token

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core import DraftTree, TreeBuilder
+from vllm_lookahead.core.tree import chains_tree
 
 
 @st.composite
@@ -210,3 +211,33 @@ def test_a_block_builds_what_adding_its_nodes_one_by_one_builds(data):
     np.testing.assert_array_equal(one.sources, bulk.sources)
     with pytest.raises(ValueError):
         bulk.add_block([1], [0, 0], [1], [True])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 9),
+    st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=6), st.integers(0, 5)), max_size=8),
+    st.lists(st.integers(0, 5), min_size=6, max_size=6),
+    st.booleans(),
+    st.integers(0, 30),
+)
+def test_chains_in_one_call_build_what_adding_them_one_by_one_builds(root, chains, lead_sources, merge, room):
+    """chains_tree (RequestLookahead.build's tree, one compiled call) == add_chain of each chain in
+    turn, every chain after the first only while the draft nodes fit the room: a lead with a
+    source per token, then candidates with one source each (merged into a trie or not)."""
+    sources = [lead_sources[: len(c)] if k == 0 else [s] * len(c) for k, (c, s) in enumerate(chains)]
+    builder, used = TreeBuilder(root), 0
+    for k, ((chain, _), chain_sources) in enumerate(zip(chains, sources)):
+        if k and builder.size - 1 + len(chain) > room:
+            break
+        builder.add_chain(0, chain, needs_logits=True, merge=merge, sources=chain_sources)
+        used += 1
+    want = builder.build()
+    arrays, size, got_used = chains_tree(root, [c for c, _ in chains], sources, merge, room, spare=3)
+    assert got_used == used and len(arrays[0]) == 1 + sum(len(c) for c, _ in chains) + 3  # room for 3 more
+    tokens, parents, depths, logits, got_sources = (array[:size] for array in arrays)
+    for name, got in zip(("tokens", "parents", "depths", "logits"), (tokens, parents, depths, logits)):
+        np.testing.assert_array_equal(got, getattr(want, name))
+        assert got.dtype == getattr(want, name).dtype
+    np.testing.assert_array_equal(got_sources, builder.sources)
+    assert got_sources.dtype == np.int8

@@ -54,7 +54,7 @@ from .mode import DraftMode
 from .pool import SharedPools, int_list
 from .request_text import Lookup, RequestText
 from .source import Source
-from .tree import DraftTree, TreeBuilder, _readonly
+from .tree import DraftTree, _readonly, chains_tree
 from .window import JacobiWindow
 
 _SHARED = int(Source.SHARED)  # a found continuation's source, as lookups give it (an int)
@@ -272,40 +272,60 @@ class RequestLookahead:
             k = len(lead_tokens)
             shadow = int(cands.lead[k]) if k < len(cands.lead) else -1
             return self.lead_draft(cands.root, lead_tokens, cands.lead_sources[:k], shadow, cands.lead_evidence)
-        builder = TreeBuilder(cands.root)
         merge = config.ablation.merge_candidates if merge is None else merge
-        used = 0
-        if lead_tokens:
-            builder.add_chain(
-                0, lead_tokens, needs_logits=True, merge=merge, sources=cands.lead_sources[: len(lead_tokens)]
-            )
-            used = 1
-            for continuation, source in cands.others[:candidates]:
-                if builder.size - 1 + len(continuation) > room:
-                    break  # keep the order: a later (less likely) candidate never jumps the queue
-                builder.add_chain(0, continuation, needs_logits=True, merge=merge, sources=source)
-                used += 1
-        window_start = None
-        window_nodes = np.zeros(0, dtype=np.int64)
-        if window is not None:
-            window_columns = self._columns_that_fit(window, window_columns, room - (builder.size - 1))
-            if window_columns:
-                window_start = builder.size  # the lookahead branch: every node from here on
-                window_nodes = window.add_to_tree(builder, root=0, columns=window_columns)
+        tree, sources, used, window_start, window_nodes = self._tree(
+            cands, lead_tokens, candidates, window, window_columns, bool(merge), int(room)
+        )
         draft = StepDraft(
-            tree=builder.build(),
+            tree=tree,
             window_nodes=window_nodes,
             num_candidates=used,
             lead_tokens=len(lead_tokens),
-            sources=builder.sources,
+            sources=sources,
             window_start=window_start,
             shadow_token=int(cands.lead[len(lead_tokens)]) if len(lead_tokens) < len(cands.lead) else -1,
             lead_evidence=cands.lead_evidence,
-            window_sourced=builder.has_source(Source.WINDOW),
+            window_sourced=bool((sources == _WINDOW).any()),
         )
         # A draft with no tokens is never verified: catch_up checks its shadow token instead.
         self._unsent = draft if draft.tree.size == 1 and draft.shadow_token >= 0 else None
         return draft
+
+    def _tree(
+        self,
+        cands: StepCandidates,
+        lead_tokens: Sequence[int],
+        candidates: int | None,
+        window: JacobiWindow | None,
+        window_columns: int | None,
+        merge: bool,
+        room: int,
+    ) -> tuple[DraftTree, np.ndarray, int, int | None, np.ndarray]:
+        """:meth:`build`'s tree: the lead, then the candidates that fit (one compiled call,
+        :func:`~.tree.chains_tree`), then the window's columns that fit written after them
+        (:meth:`~.window.JacobiWindow.put_block`).  Returns it, its nodes' sources, the chains
+        added, the window's first node and its output nodes."""
+        chains: list[Sequence[int]] = []
+        chain_sources: list[Sequence[int]] = []
+        if lead_tokens:
+            chains.append(lead_tokens)
+            chain_sources.append(cands.lead_sources[: len(lead_tokens)])
+            for continuation, source in cands.others[:candidates]:
+                chains.append(continuation)
+                chain_sources.append([source] * len(continuation))
+        # a later (less likely) candidate that does not fit ends the tree: it never jumps the queue
+        spare = self.window_tokens if window is not None else 0  # the window's nodes, if it fits
+        arrays, size, used = chains_tree(cands.root, chains, chain_sources, merge, room, spare)
+        window_start, window_nodes, end = None, _NO_NODES, size
+        if window is not None:
+            window_columns = self._columns_that_fit(window, window_columns, room - (size - 1))
+            if window_columns:
+                window_start = size  # the lookahead branch: every node from here on
+                end, window_nodes = window.put_block(arrays, size, cands.root, window_columns)
+        tokens, parents, depths, logits, sources = (array[:end] for array in arrays)
+        tree = DraftTree(_readonly(tokens), _readonly(parents), _readonly(depths), _readonly(logits))
+        tree.__dict__["size"] = end  # the cached property, known
+        return tree, sources, used, window_start, window_nodes
 
     def _columns_that_fit(self, window: JacobiWindow, columns: int | None, room: int) -> int:
         """The window columns :meth:`build` adds within ``room`` draft nodes: the first

@@ -46,17 +46,105 @@ def _words_loop(parents, words):
         words[i, i >> 5] |= np.uint32(1) << np.uint32(i & 31)
 
 
+def _chains_loop(data, root, merge, room, out_tokens, out_parents, out_depths, out_logits, out_sources):
+    """Chains below node 0, ``root``, as :meth:`TreeBuilder.add_chain` adds them one by
+    one, every node with logits.  ``data``: the number of chains ``C``, their lengths, all their
+    tokens, then all their tokens' sources.  With ``merge`` a chain goes down the first child of
+    each node that carries its next token (a trie; the child keeps its source) before it adds
+    nodes.  Every chain after the first is added only while the tree's draft nodes plus its
+    tokens stay within ``room`` (the first that does not fit ends the tree).  The nodes go to
+    ``out_*`` after the root's; returns the tree's size and the chains added."""
+    out_tokens[0], out_parents[0], out_depths[0], out_logits[0], out_sources[0] = root, -1, 0, True, 0
+    count = data[0]
+    total = 0
+    for c in range(count):
+        total += data[1 + c]
+    tokens_at = 1 + count
+    sources_at = tokens_at + total
+    size = 1
+    used = 0
+    start = 0
+    for c in range(count):
+        end = start + data[1 + c]
+        if c > 0 and size - 1 + end - start > room:
+            break
+        current = 0
+        k = start
+        while merge and k < end:
+            child = -1
+            token = data[tokens_at + k]
+            for node in range(1, size):  # the first child of current carrying the token
+                if out_parents[node] == current and out_tokens[node] == token:
+                    child = node
+                    break
+            if child < 0:
+                break
+            out_logits[child] = True
+            current = child
+            k += 1
+        for j in range(k, end):
+            out_tokens[size] = data[tokens_at + j]
+            out_parents[size] = current
+            out_depths[size] = out_depths[current] + 1
+            out_logits[size] = True
+            out_sources[size] = data[sources_at + j]
+            current = size
+            size += 1
+        used += 1
+        start = end
+    return size, used
+
+
 @functools.lru_cache(maxsize=1)
 def _loops() -> SimpleNamespace:
-    """The compiled loop (numba, ``cache=True``), made on first use: see :func:`.ngram_table.load`."""
+    """The compiled loops (numba, ``cache=True``), made on first use: see :func:`.ngram_table.load`."""
     from numba import njit
 
-    return SimpleNamespace(words=njit(cache=True)(_words_loop))
+    return SimpleNamespace(words=njit(cache=True)(_words_loop), chains=njit(cache=True)(_chains_loop))
 
 
 def compile_tree() -> None:
-    """Compile :meth:`DraftTree.ancestor_words`' loop for the trees' arrays before the first step."""
+    """Compile the trees' loops before the first step: :meth:`DraftTree.ancestor_words`' for the
+    trees' arrays, :func:`chains_tree`'s for their building."""
     DraftTree.chain([0, 1]).ancestor_words()
+    chains_tree(0, [(1,), (2,)], [[1], [2]], merge=True, room=2)
+
+
+def chains_tree(
+    root: int,
+    chains: Sequence[Sequence[int]],
+    sources: Sequence[Sequence[int]],
+    merge: bool,
+    room: int,
+    spare: int = 0,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int, int]:
+    """The tree of ``chains`` (their tokens' ``sources``) below ``root`` as adding them one by one
+    to a :class:`TreeBuilder` gives -- ``add_chain(0, chain, needs_logits=True, merge=merge,
+    sources=...)`` -- in one compiled call (:func:`_chains_loop`): every chain after the first
+    only while the draft nodes stay within ``room``, the first one that does not fit ending the
+    tree.  Returns its arrays -- tokens (int64), parents, depths (int32), logits (bool), sources
+    (int8) -- with room for ``spare`` nodes after its own (the window's branch), its size and the
+    chains added.  (Adding a tree's chains node by node in Python costs ~1-2 us a node on a
+    server's core; the compiled call costs a few us a tree.)"""
+    data = [len(chains)]
+    data += map(len, chains)
+    for chain in chains:
+        data += chain
+    tokens = len(data) - 1 - len(chains)
+    for chain in sources:
+        data += chain
+    if len(data) != 1 + len(chains) + 2 * tokens:
+        raise ValueError(f"{len(data) - 1 - len(chains) - tokens} sources for {tokens} tokens")
+    n = 1 + tokens + spare
+    arrays = (
+        np.empty(n, dtype=np.int64),
+        np.empty(n, dtype=np.int32),
+        np.empty(n, dtype=np.int32),
+        np.empty(n, dtype=bool),
+        np.empty(n, dtype=np.int8),
+    )
+    size, used = _loops().chains(np.array(data, dtype=np.int64), root, merge, room, *arrays)
+    return arrays, size, used
 
 
 @functools.lru_cache(maxsize=256)

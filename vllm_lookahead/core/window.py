@@ -25,6 +25,8 @@ import numpy as np
 from .source import Source
 from .tree import TreeBuilder
 
+_WINDOW = int(Source.WINDOW)
+
 
 def _sample(rng: np.random.Generator, tokens: Sequence[int], count: int) -> np.ndarray:
     """``count`` tokens drawn uniformly with replacement (zeros if ``tokens`` is empty)."""
@@ -101,12 +103,37 @@ class JacobiWindow:
         # level 0: the root, then columns 1.. as a chain below it; each next level one node below
         # each of the level before (the nodes in the order adding them one by one gives), appended
         # as one block laid out by the window's shape
-        start = builder.size
-        parents, depths, logits, last = _layout(width, self.filled, root, start, builder.depth(root))
-        tokens = np.concatenate([self.levels[0][1:width], *(level[:width] for level in self.levels[1:])])
-        builder.add_block(tokens.tolist(), parents, depths, logits, int(Source.WINDOW))
+        parents, depths, logits, last = _layout(width, self.filled, root, builder.size, builder.depth(root))
+        builder.add_block(self._block_tokens(width).tolist(), parents, depths, logits, _WINDOW)
         outputs[:width] = last
         return outputs
+
+    def put_block(
+        self, arrays: tuple[np.ndarray, ...], start: int, root_token: int, columns: int
+    ) -> tuple[int, np.ndarray]:
+        """:meth:`add_to_tree` below the root of a tree of ``start`` nodes, written into its arrays from
+        node ``start`` on (tokens, parents, depths, logits, sources, as
+        :func:`~.tree.chains_tree` returns them, with room for the block): the tree's size after it
+        and the W output node ids."""
+        width = max(0, min(columns, self.window_size))
+        self.root_token = int(root_token)
+        outputs = np.full(self.window_size, -1, dtype=np.int64)
+        if width == 0:
+            return start, outputs
+        parents, depths, logits, last = _layout_arrays(width, self.filled, start)
+        end = start + len(parents)
+        tokens, tree_parents, tree_depths, tree_logits, sources = arrays
+        tokens[start:end] = self._block_tokens(width)
+        tree_parents[start:end] = parents
+        tree_depths[start:end] = depths
+        tree_logits[start:end] = logits
+        sources[start:end] = _WINDOW
+        outputs[:width] = last
+        return end, outputs
+
+    def _block_tokens(self, width: int) -> np.ndarray:
+        """The tokens of the first ``width`` columns' nodes, in :func:`_layout`'s order."""
+        return np.concatenate([self.levels[0][1:width], *(level[:width] for level in self.levels[1:])])
 
     def root_column(self, root_token: int) -> np.ndarray:
         """:meth:`add_to_tree` of the first column alone while the window holds one level, where
@@ -156,6 +183,22 @@ class JacobiWindow:
         columns = np.stack(self.levels + [outputs], axis=1)  # (W, N): column i top to bottom, its argmax
         columns[0, 0] = self.root_token
         return columns[known]
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_arrays(width: int, filled: int, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_layout` below the root (node 0, depth 0) as read-only arrays (int32 parents and
+    depths, bool logits, int64 output nodes), as a tree's arrays take them."""
+    parents, depths, logits, last = _layout(width, filled, 0, start, 0)
+    arrays = (
+        np.array(parents, dtype=np.int32),
+        np.array(depths, dtype=np.int32),
+        np.array(logits, dtype=bool),
+        np.array(last, dtype=np.int64),
+    )
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
 
 
 @functools.lru_cache(maxsize=4096)

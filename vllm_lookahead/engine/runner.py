@@ -143,17 +143,17 @@ class RunnerLookahead:
     def setup_kv(self) -> str:
         """After the KV cache exists: check every layer is one the tree path reproduces, pin the
         cache as it reads it (:func:`vllm_lookahead.engine.step.kv_layers.paged_kv_of`), compile
-        the pools' loops, the step layout's, the sampled walks', the draft rule's, on a CPU the sampled draw's and
-        elsewhere the trees' ancestor words' (and hand the worker its share at sample there,
+        the pools' loops, the step layout's, the sampled walks', the trees' (building, ancestor words), the draft
+        rule's, on a CPU the sampled draw's (elsewhere hand the worker its share at sample,
         :attr:`hand_over_at_sample`), profile the forward cost.  Returns the attention backend's name."""
         self.kv = paged_kv_of(self.runner)
         compile_pools(self.config)
         compile_layout()
         compile_walks()
+        compile_tree()  # the trees' building (and the Triton kernel's plan: their ancestor words)
         if torch.device(self.runner.device).type == "cpu":
             compile_draw()  # sampled walks draw on CPU tensors there
         else:
-            compile_tree()  # the Triton kernel's plan reads the trees' ancestor words
             self.hand_over_at_sample = True  # the engine thread waits for the device after the launch
         if self.config.mode is DraftMode.AUTO:
             compile_plan()
